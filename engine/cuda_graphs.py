@@ -1,0 +1,40 @@
+"""CUDA-only: capture the whole k-step decode loop of each (batch bucket, attention span) once, replay it.
+
+We capture by hand over the (optionally compiled) step rather than use torch.compile's `reduce-overhead`
+mode: reduce-overhead graphs one call of the compiled function, which would leave one launch and a Python
+round trip per draft token; capturing the loop makes all k steps one replay with a single readout, and
+gives us the bucket order, the shared memory pool and the static buffers explicitly (as nano-vllm does).
+Everything around the capture (buffers, padding, bucket choice) is ordinary code tested on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.decode import DecodeBuffers, StepFn, run_loop
+
+
+class CapturedLoops:
+    def __init__(self):
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.memory_bytes = 0
+
+    def capture(self, step: StepFn, buffers: dict[int, DecodeBuffers], kv_buckets, num_steps, rope, cache):
+        """Largest bucket first so smaller graphs reuse its pool; a warmup run precedes each capture."""
+        pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize()
+        free_before = torch.cuda.mem_get_info()[0]
+        for bucket in sorted(buffers, reverse=True):
+            for kv_len in sorted(kv_buckets, reverse=True):
+                bufs = buffers[bucket]
+                run_loop(step, bufs, num_steps, kv_len, rope, cache)  # warmup: compile, autotune, allocate
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    run_loop(step, bufs, num_steps, kv_len, rope, cache)
+                self.graphs[(bucket, kv_len)] = graph
+        torch.cuda.synchronize()
+        self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
+
+    def replay(self, bucket: int, kv_len: int) -> None:
+        self.graphs[(bucket, kv_len)].replay()

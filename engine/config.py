@@ -26,8 +26,16 @@ class ModelConfig:
     attention_bias: bool = False
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"config.json: {name} must be a positive integer, got {value!r}")
@@ -37,7 +45,9 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if self.head_dim % 2:
-            raise ConfigError(f"config.json: head_dim must be even for rotary embeddings, got {self.head_dim}")
+            raise ConfigError(
+                f"config.json: head_dim must be even for rotary embeddings, got {self.head_dim}"
+            )
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
@@ -50,7 +60,9 @@ class ModelConfig:
         if rope_type != "default":
             raise ConfigError(f"config.json: rope type {rope_type!r} is not supported (only 'default')")
         if hf.get("use_sliding_window"):
-            raise ConfigError("config.json: use_sliding_window is true; sliding-window attention is not supported")
+            raise ConfigError(
+                "config.json: use_sliding_window is true; sliding-window attention is not supported"
+            )
         rope_theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
         num_heads = hf.get("num_attention_heads")
         hidden = hf.get("hidden_size")
@@ -102,8 +114,14 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
-        for name in ("max_seq_len", "max_slots", "max_batch_size", "max_draft_tokens", "prefill_chunk",
-                     "min_kv_bucket"):
+        for name in (
+            "max_seq_len",
+            "max_slots",
+            "max_batch_size",
+            "max_draft_tokens",
+            "prefill_chunk",
+            "min_kv_bucket",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

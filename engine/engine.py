@@ -40,7 +40,9 @@ class Engine:
         self.lifecycle = lifecycle or Lifecycle()
         self.device = torch.device(config.device)
         model_config = loaded.config
-        self.cache = KVCache(model_config, config.max_slots, config.cache_len, DTYPES[config.dtype], self.device)
+        self.cache = KVCache(
+            model_config, config.max_slots, config.cache_len, DTYPES[config.dtype], self.device
+        )
         self.rope = tuple(t.to(self.device) for t in rope_table(model_config, config.cache_len))
         self.slots = SlotTable(config.max_slots, config.cache_len)
         self.buffers = {
@@ -79,7 +81,9 @@ class Engine:
 
     def compile(self) -> None:
         try:
-            step = compile_step.compiled(self.step, num_shapes=len(self.buffers) * len(self.config.kv_buckets))
+            step = compile_step.compiled(
+                self.step, num_shapes=len(self.buffers) * len(self.config.kv_buckets)
+            )
             for bucket in self.buffers.values():
                 for kv_len in self.config.kv_buckets:
                     self.reset_buffers(bucket)
@@ -95,8 +99,14 @@ class Engine:
         try:
             for bucket in self.buffers.values():
                 self.reset_buffers(bucket)
-            graphs.capture(self.step, self.buffers, self.config.kv_buckets, self.config.max_draft_tokens,
-                           self.rope, self.cache.tensors)
+            graphs.capture(
+                self.step,
+                self.buffers,
+                self.config.kv_buckets,
+                self.config.max_draft_tokens,
+                self.rope,
+                self.cache.tensors,
+            )
         except Exception as error:  # noqa: BLE001 - a failed capture must not take the server down
             self.lifecycle.fall_back(f"CUDA graph capture failed, serving without graphs: {error}")
             return
@@ -116,8 +126,15 @@ class Engine:
     def run_warmup_draft(self) -> None:
         """One prefill pass and one decode loop on the scratch slot: first-call costs (allocator, kernels)."""
         scratch = self.cache.scratch_slot
-        prefill(self.model, [PrefillRow(scratch, np.zeros(8, dtype=np.int64), 0)], self.config.prefill_chunk,
-                self.kv_span, scratch, self.rope, self.cache.tensors)
+        prefill(
+            self.model,
+            [PrefillRow(scratch, np.zeros(8, dtype=np.int64), 0)],
+            self.config.prefill_chunk,
+            self.kv_span,
+            scratch,
+            self.rope,
+            self.cache.tensors,
+        )
         bucket = self.buffers[self.config.buckets[0]]
         self.reset_buffers(bucket)
         self.run_decode(bucket, self.config.max_draft_tokens, self.kv_span(self.config.max_draft_tokens))
@@ -143,32 +160,54 @@ class Engine:
             self.slots.begin(assignment, request.session)
 
         start = time.perf_counter()
-        rows = [PrefillRow(a.slot, c[a.reuse : len(c) - 1], a.reuse) for a, c in zip(assignments, contexts)]
+        rows = [
+            PrefillRow(a.slot, c[a.reuse : len(c) - 1], a.reuse)
+            for a, c in zip(assignments, contexts, strict=True)
+        ]
         rows = [row for row in rows if len(row.tokens)]
-        prefill(self.model, rows, cfg.prefill_chunk, self.kv_span, self.cache.scratch_slot, self.rope,
-                self.cache.tensors)
+        prefill(
+            self.model,
+            rows,
+            cfg.prefill_chunk,
+            self.kv_span,
+            self.cache.scratch_slot,
+            self.rope,
+            self.cache.tensors,
+        )
         self.sync()
         prefilled = time.perf_counter()
 
         # Graphs always run max_draft_tokens steps; eager runs only as many as the batch asks for.
         num_steps = cfg.max_draft_tokens if self.graphs else max(r.num_draft_tokens for r in requests)
         bucket = self.buffers[cfg.buckets[bisect.bisect_left(cfg.buckets, len(requests))]]
-        bucket.fill([int(c[-1]) for c in contexts], [len(c) - 1 for c in contexts], [a.slot for a in assignments])
+        bucket.fill(
+            [int(c[-1]) for c in contexts], [len(c) - 1 for c in contexts], [a.slot for a in assignments]
+        )
         self.run_decode(bucket, num_steps, self.kv_span(max(len(c) for c in contexts) - 1 + num_steps))
         drafts = bucket.out_tokens[: len(requests), :num_steps].tolist()  # the one host sync of the loop
         probs = bucket.out_probs[: len(requests), :num_steps].tolist()
         decoded = time.perf_counter()
 
         results = []
-        for request, context, assignment, draft, prob in zip(requests, contexts, assignments, drafts, probs):
+        for request, context, assignment, draft, prob in zip(
+            requests, contexts, assignments, drafts, probs, strict=True
+        ):
             # The slot now holds the context and every draft token fed back into the loop.
-            self.slots.commit(assignment.slot, np.concatenate([context, np.asarray(draft[:-1], dtype=np.int64)]))
+            self.slots.commit(
+                assignment.slot, np.concatenate([context, np.asarray(draft[:-1], dtype=np.int64)])
+            )
             k = request.num_draft_tokens
-            results.append(DraftResult(
-                tokens=draft[:k], probs=prob[:k], cached=assignment.reuse,
-                prefilled=len(context) - assignment.reuse, evicted=assignment.evicted,
-                prefill_ms=(prefilled - start) * 1e3, decode_ms=(decoded - prefilled) * 1e3,
-            ))
+            results.append(
+                DraftResult(
+                    tokens=draft[:k],
+                    probs=prob[:k],
+                    cached=assignment.reuse,
+                    prefilled=len(context) - assignment.reuse,
+                    evicted=assignment.evicted,
+                    prefill_ms=(prefilled - start) * 1e3,
+                    decode_ms=(decoded - prefilled) * 1e3,
+                )
+            )
         self.count(results)
         return results
 

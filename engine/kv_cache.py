@@ -15,7 +15,13 @@ class KVCache:
     """
 
     def __init__(self, config: ModelConfig, num_slots: int, cache_len: int, dtype: torch.dtype, device):
-        shape = (config.num_hidden_layers, num_slots + 1, cache_len, config.num_key_value_heads, config.head_dim)
+        shape = (
+            config.num_hidden_layers,
+            num_slots + 1,
+            cache_len,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, slots + 1, cache_len, kv_heads, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.scratch_slot = num_slots

@@ -57,7 +57,9 @@ def checkpoint_files(directory: Path) -> list[Path]:
         return [directory / s for s in shards]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise LoadError(f"{str(directory)!r} has no *.safetensors weights (pickled .bin files are not loaded)")
+        raise LoadError(
+            f"{str(directory)!r} has no *.safetensors weights (pickled .bin files are not loaded)"
+        )
     return files
 
 
@@ -99,7 +101,9 @@ def check_and_cast(model: Qwen3, tensors: dict[str, torch.Tensor], dtype, device
     for name, want in expected.items():
         got = tensors[name]
         if got.shape != want.shape:
-            raise LoadError(f"tensor {name}: shape {list(got.shape)} in the checkpoint, {list(want.shape)} expected")
+            raise LoadError(
+                f"tensor {name}: shape {list(got.shape)} in the checkpoint, {list(want.shape)} expected"
+            )
         # fp8 weights and their fp32 scales keep the dtype the FP8 module declares; the rest take ours.
         keep = want.dtype == torch.float8_e4m3fn or name.endswith("_scale")
         if want.dtype == torch.float8_e4m3fn and got.dtype != torch.float8_e4m3fn:
@@ -108,7 +112,9 @@ def check_and_cast(model: Qwen3, tensors: dict[str, torch.Tensor], dtype, device
     return out
 
 
-def load_model(source: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
+def load_model(
+    source: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LoadedModel:
     """Load a preset name (`tiny`, `bench-cpu`) or an HF-layout directory of Qwen3 weights."""
     if is_preset(source):
         config, quantization = PRESETS[source], "none"
@@ -130,7 +136,9 @@ def load_model(source: str, dtype: torch.dtype = torch.float32, device: str | to
     model.load_state_dict(check_and_cast(model, tensors, dtype, device), strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    leftover = [n for n, p in model.named_parameters() if p.is_meta] + [n for n, b in model.named_buffers() if b.is_meta]
+    leftover = [n for n, p in model.named_parameters() if p.is_meta] + [
+        n for n, b in model.named_buffers() if b.is_meta
+    ]
     if leftover:
         raise LoadError(f"tensors left unassigned after loading: {leftover[:3]}")
     model.eval().requires_grad_(False)

@@ -57,6 +57,13 @@ def prefill(
             done[i] += n
             end = max(end, row.start + offset + n)
         to_device = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
-        model(to_device(ids), to_device(positions), to_device(write_slots), to_device(read_slots),
-              kv_span(end), rope, cache)
+        model(
+            to_device(ids),
+            to_device(positions),
+            to_device(write_slots),
+            to_device(read_slots),
+            kv_span(end),
+            rope,
+            cache,
+        )
         passes += 1

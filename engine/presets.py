@@ -18,12 +18,24 @@ from engine.config import ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
-        vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, intermediate_size=128, max_position_embeddings=40960,
+        vocab_size=1024,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=40960,
     ),
     "bench-cpu": ModelConfig(
-        vocab_size=151936, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-        head_dim=64, intermediate_size=1536, max_position_embeddings=40960,
+        vocab_size=151936,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=1536,
+        max_position_embeddings=40960,
     ),
 }
 PRESET_SEED = 0

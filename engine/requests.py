@@ -45,11 +45,15 @@ class EngineStats:
     batch_sizes: Counter = field(default_factory=Counter)
 
 
-def as_token_array(request: DraftRequest, vocab_size: int, max_seq_len: int, max_draft_tokens: int) -> np.ndarray:
+def as_token_array(
+    request: DraftRequest, vocab_size: int, max_seq_len: int, max_draft_tokens: int
+) -> np.ndarray:
     """The request's context as int64, or a DraftError naming the field and the bound it breaks."""
     k = request.num_draft_tokens
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= max_draft_tokens:
-        raise DraftError(f"num_draft_tokens must be an integer in [1, {max_draft_tokens}]", "num_draft_tokens")
+        raise DraftError(
+            f"num_draft_tokens must be an integer in [1, {max_draft_tokens}]", "num_draft_tokens"
+        )
     tokens = request.tokens
     if len(tokens) == 0:
         raise DraftError("tokens must not be empty", "tokens")

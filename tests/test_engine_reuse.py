@@ -1,0 +1,170 @@
+"""KV-cache reuse across calls and batched drafting change nothing but the work done."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.requests import DraftError, DraftRequest
+from engine.slots import SlotTable
+from tests.oracle import hf_greedy
+
+VOCAB = 512  # of the "gqa2-untied" oracle model
+
+
+@pytest.fixture(scope="module")
+def engines(hf_checkpoint):
+    model, directory = hf_checkpoint("gqa2-untied")
+    config = EngineConfig(
+        max_seq_len=512, max_slots=2, max_batch_size=2, max_draft_tokens=8, min_kv_bucket=64
+    )
+    return model, Engine.load(str(directory), config), Engine.load(str(directory), config)
+
+
+def fresh_draft(engine: Engine, tokens, k) -> list[int]:
+    """What an engine with an empty cache answers."""
+    engine.slots = SlotTable(engine.config.max_slots, engine.config.cache_len)
+    return engine.draft(tokens, k)
+
+
+call = st.tuples(
+    st.integers(0, 3),  # conversation
+    st.sampled_from(["accept", "diverge", "restart"]),
+    st.integers(0, 8),  # drafts accepted / tokens kept
+    st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),  # new tokens
+    st.integers(1, 8),  # num_draft_tokens
+    st.booleans(),  # send the session hint
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=st.lists(call, min_size=1, max_size=8))
+def test_reuse_drafts_equal_a_fresh_engine_and_transformers(engines, calls):
+    model, engine, reference = engines
+    contexts: dict[int, list[int]] = {}
+    last_draft: dict[int, list[int]] = {}
+    for conversation, action, keep, new, k, hint in calls:
+        context = contexts.get(conversation, [])
+        if action == "accept":  # the target kept `keep` drafts and added tokens of its own
+            context = context + last_draft.get(conversation, [])[:keep] + new
+        elif action == "diverge":  # a branch from an earlier point of the conversation
+            context = context[: keep * 5] + new
+        else:
+            context = new
+        context = context[-300:]
+        session = f"conv-{conversation}" if hint else None
+        ours = engine.draft_batch([DraftRequest(context, k, session)])[0].tokens
+        assert ours == fresh_draft(reference, context, k)
+        assert ours == hf_greedy(model, context, k)
+        contexts[conversation], last_draft[conversation] = context, ours
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batch=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=200),
+            st.integers(1, 8),
+            st.sampled_from([None, "a", "b"]),
+        ),
+        min_size=1,
+        max_size=2,
+    )
+)
+def test_batched_drafts_equal_one_at_a_time(engines, batch):
+    _, engine, reference = engines
+    requests = [DraftRequest(tokens, k, session) for tokens, k, session in batch]
+    batched = engine.draft_batch(requests)
+    for request, result in zip(requests, batched, strict=True):
+        assert result.tokens == fresh_draft(reference, request.tokens, request.num_draft_tokens)
+        assert len(result.probs) == request.num_draft_tokens
+        assert all(0.0 < p <= 1.0 for p in result.probs)
+
+
+def test_batch_of_identical_requests_uses_distinct_slots(engines):
+    model, engine, _ = engines
+    context = list(range(30))
+    first, second = engine.draft_batch([DraftRequest(context, 5, "same"), DraftRequest(context, 5, "same")])
+    assert first.tokens == second.tokens == hf_greedy(model, context, 5)
+
+
+def test_reuse_prefills_only_new_tokens_whatever_the_context_length():
+    engine = Engine.load("tiny", EngineConfig(max_seq_len=4096, max_slots=2, max_batch_size=1))
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, 1024, 3000).tolist()
+    result = engine.draft_batch([DraftRequest(context, 8)])[0]
+    assert result.cached == 0 and result.prefilled == 3000
+    for _ in range(10):  # the target accepts 3 drafts and adds one token of its own
+        context = context + result.tokens[:3] + [int(rng.integers(0, 1024))]
+        result = engine.draft_batch([DraftRequest(context, 8)])[0]
+        assert result.prefilled <= 2, "only the target's own token (and at most one rejected draft) is new"
+        assert result.cached == len(context) - result.prefilled
+
+
+def test_sessions_keep_their_slots_and_lru_evicts(engines):
+    _, engine, _ = engines
+    engine.slots = SlotTable(engine.config.max_slots, engine.config.cache_len)
+    a, b, c = ([i] * 20 + list(range(40)) for i in (1, 2, 3))
+    before = engine.stats.evictions
+    engine.draft(a, 4, "a")
+    engine.draft(b, 4, "b")
+    assert engine.draft_batch([DraftRequest(a + [7], 4, "a")])[0].cached == len(a)
+    engine.draft(c, 4, "c")  # two slots: evicts b, the least recently used
+    assert engine.stats.evictions == before + 1
+    assert engine.draft_batch([DraftRequest(a + [7, 8], 4, "a")])[0].cached == len(a) + 1
+    assert engine.draft_batch([DraftRequest(b + [7], 4, "b")])[0].cached == 0
+
+
+def test_too_many_requests_in_a_batch_are_refused(engines):
+    _, engine, _ = engines
+    with pytest.raises(DraftError, match="1 to 2 requests"):
+        engine.draft_batch([DraftRequest([1], 1)] * 3)
+
+
+def test_one_bad_request_refuses_the_batch_before_touching_the_cache(engines):
+    model, engine, _ = engines
+    context = list(range(50))
+    engine.draft(context, 4)
+    lengths = engine.slots.lengths.copy()
+    with pytest.raises(DraftError):
+        engine.draft_batch([DraftRequest(context + [1], 4), DraftRequest([VOCAB], 4)])
+    assert (engine.slots.lengths == lengths).all()
+    assert engine.draft(context + [1], 4) == hf_greedy(model, context + [1], 4)
+
+
+def test_a_failure_mid_draft_does_not_corrupt_the_cache(engines):
+    model, engine, _ = engines
+    context = list(range(80))
+    engine.draft(context, 8)
+    calls = []
+
+    def fail_on_decode(module, args):
+        calls.append(1)
+        if len(calls) == 2:  # after the prefill wrote new positions, during the decode loop
+            raise RuntimeError("simulated device failure")
+
+    handle = engine.model.register_forward_pre_hook(fail_on_decode)
+    with pytest.raises(RuntimeError, match="simulated"):
+        engine.draft(context[:40] + [5, 6, 7], 8)
+    handle.remove()
+    for tokens in (context[:40] + [5, 6, 7], context + [9]):
+        assert engine.draft(tokens, 8) == hf_greedy(model, tokens, 8)
+
+
+def test_slot_table_common_prefix_is_exact_at_32k():
+    rng = np.random.default_rng(1)
+    table = SlotTable(4, 32768)
+    rows = rng.integers(0, 1000, (4, 32768))
+    for slot, length in enumerate([32768, 20000, 5, 0]):
+        table.commit(slot, rows[slot, :length])
+    request = rows[0].copy()
+    request[12345] += 1
+    assert table.common_prefix(request)[0] == 12345
+    assert table.common_prefix(rows[1])[1] == 20000  # the whole cached row matches
+    assert table.common_prefix(rows[2])[2] == 5
+    assert table.common_prefix(rows[3])[3] == 0  # an empty slot shares nothing
+    assert table.common_prefix(rows[0][:100])[0] == 100  # a request shorter than the slot

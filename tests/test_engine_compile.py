@@ -1,0 +1,82 @@
+"""torch.compile of the decode step (CPU), and warmup as an observable, fail-soft phase."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine.compile
+from engine.config import ConfigError, EngineConfig
+from engine.engine import Engine
+from engine.lifecycle import State
+from engine.requests import DraftRequest
+from tests.oracle import hf_greedy
+
+# Two batch buckets and one attention span: two compiled graphs, so the cold compile stays near a minute.
+SMALL = dict(max_seq_len=240, max_slots=2, max_batch_size=2, batch_buckets=(1, 2), min_kv_bucket=256)
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_eager_and_transformers_without_recompiles(hf_checkpoint):
+    model, directory = hf_checkpoint("gqa2-untied")
+    compiled = Engine.load(str(directory), EngineConfig(**SMALL, compile=True))
+    eager = Engine.load(str(directory), EngineConfig(**SMALL))
+    report = compiled.warmup()
+    assert report["state"] == "ready" and report["fallbacks"] == []
+    assert "compiling" in report["stage_seconds"]
+    generator = torch.Generator().manual_seed(5)
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        for n in (1, 9, 120, 224):
+            a = torch.randint(0, 512, (n,), generator=generator).tolist()
+            b = torch.randint(0, 512, (n // 2 + 1,), generator=generator).tolist()
+            assert compiled.draft(a, 16) == eager.draft(a, 16) == hf_greedy(model, a, 16)
+            pair = compiled.draft_batch([DraftRequest(a, 3), DraftRequest(b, 16)])
+            assert [r.tokens for r in pair] == [eager.draft(a, 3), eager.draft(b, 16)]
+    finally:
+        torch._dynamo.config.error_on_recompile = False
+
+
+def test_warmup_without_compile_goes_straight_to_ready():
+    engine = Engine.load("tiny", EngineConfig())
+    assert engine.lifecycle.state is State.LOADING
+    report = engine.warmup()
+    assert report["state"] == "ready"
+    assert set(report["stage_seconds"]) == {"loading"}
+    assert engine.lifecycle.ready
+
+
+def test_warmup_falls_back_to_eager_when_compile_fails(monkeypatch):
+    def broken(step, num_shapes):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(engine.compile, "compiled", broken)
+    served = Engine.load("tiny", EngineConfig(compile=True))
+    report = served.warmup()
+    assert report["state"] == "ready"
+    assert report["fallbacks"] and "torch.compile failed" in report["fallbacks"][0]
+    assert served.draft([1, 2, 3], 4) == Engine.load("tiny", EngineConfig()).draft([1, 2, 3], 4)
+
+
+def test_warmup_that_cannot_run_reports_failed_with_the_reason(monkeypatch):
+    served = Engine.load("tiny", EngineConfig())
+
+    def broken():
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(served, "run_warmup_draft", broken)
+    with pytest.raises(RuntimeError):
+        served.warmup()
+    assert served.lifecycle.state is State.FAILED
+    assert "device lost" in served.lifecycle.snapshot()["reason"]
+
+
+def test_cuda_graphs_need_a_cuda_device():
+    with pytest.raises(ConfigError, match="CUDA"):
+        EngineConfig(device="cpu", cuda_graphs=True)
+
+
+def test_buckets_and_spans_cover_every_request():
+    config = EngineConfig(max_seq_len=1000, max_batch_size=6, max_slots=8, batch_buckets=(1, 2, 4, 8))
+    assert config.buckets == (1, 2, 4, 6)
+    assert config.kv_buckets == (256, 512, 1016) and config.cache_len == 1016

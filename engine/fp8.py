@@ -1,0 +1,148 @@
+"""FP8 linears for checkpoints written by `export/`: fp8 weights with one float32 scale per tensor.
+
+Each decoder linear keeps its weight as `float8_e4m3fn` `[out, in]` (1 byte a parameter, never a full-precision
+copy) and its `weight_scale` as float32 `[1]`, real weight ≈ fp8 × scale, which is the compressed-tensors
+"float-quantized" per-tensor layout vLLM and SGLang read. Two forwards:
+- weight-only: torchao's float8 weight-only math (upcast the fp8 weight, scale, matmul in the activation
+  dtype), written as plain ops so torch.compile fuses the dequantization into the matmul's producer;
+- dynamic: each activation is quantized per tensor to fp8 on the fly and multiplied with `torch._scaled_mm`
+  (torchao's per-tensor kernel; it runs on CPU too, and on CUDA sm89+).
+Both are pure tensor code: no `.item()`, no host syncs, so they compile with fullgraph and capture into CUDA
+graphs. The loader calls `quantization_from_config` on `config.json` and `swap_fp8_linears` on the empty
+(meta-device) model before it checks and assigns the checkpoint's tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.loader import LoadError
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
+LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+LINEAR_NAMES += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+QUANTIZATIONS = ("fp8-weight-only", "fp8-dynamic")
+MIN_ACTIVATION_AMAX = 1e-12  # an all-zero activation gets a tiny scale instead of 0/0
+
+
+class FP8Linear(nn.Module):
+    """Weight-only FP8 linear: y = x @ (fp8 weight × scale)ᵀ (+ bias), computed in x's dtype."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        weight = torch.empty(out_features, in_features, dtype=FP8_DTYPE, device=device)
+        self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in] float8_e4m3fn
+        self.register_buffer("weight_scale", torch.ones(1, dtype=torch.float32, device=device))  # [1]
+        self.bias = nn.Parameter(torch.empty(out_features, device=device)) if bias else None
+
+    def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
+        # Exactly torchao's _dequantize_affine_float8: upcast to fp32, scale, cast to the compute dtype.
+        return (self.weight.to(torch.float32) * self.weight_scale).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        )
+
+
+class FP8DynamicLinear(FP8Linear):
+    """FP8 linear with per-tensor dynamic activation quantization: fp8 × fp8 in `torch._scaled_mm`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        x_q, x_scale = quantize_per_tensor(x)
+        x_q = x_q.reshape(-1, self.in_features)  # [tokens, in]
+        if x.is_cuda and (self.in_features % 16 or self.out_features % 16):
+            # cuBLAS fp8 GEMMs need dimensions divisible by 16; emulate the same product for odd sizes.
+            out = F.linear((x_q.to(torch.float32) * x_scale).to(x.dtype), self.dequantized_weight(x.dtype))
+        else:
+            out = torch._scaled_mm(
+                x_q,
+                self.weight.t(),  # [in, out], column-major as cuBLAS wants it
+                scale_a=x_scale,
+                scale_b=self.weight_scale,
+                out_dtype=x.dtype,
+                use_fast_accum=True,
+            )
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def quantize_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x as float8_e4m3fn with one float32 scale ([1]) so that x ≈ x_q × scale; all on the device."""
+    amax = x.abs().amax().to(torch.float32).clamp(min=MIN_ACTIVATION_AMAX)
+    scale = (amax / FP8_MAX).reshape(1)
+    x_q = (x.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return x_q, scale
+
+
+def swap_fp8_linears(model: nn.Module, quantization: str) -> nn.Module:
+    """Replace every decoder linear of our Qwen3 with an FP8 module of the same shape, on the same device."""
+    if quantization not in QUANTIZATIONS:
+        raise LoadError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
+    cls = FP8DynamicLinear if quantization == "fp8-dynamic" else FP8Linear
+    for layer in model.model.layers:
+        for name in LINEAR_NAMES:
+            parent_name, attr = name.split(".")
+            parent = getattr(layer, parent_name)
+            linear = getattr(parent, attr)
+            replacement = cls(
+                linear.in_features, linear.out_features, linear.bias is not None, linear.weight.device
+            )
+            setattr(parent, attr, replacement)
+    return model
+
+
+def quantization_from_config(qc: dict) -> str:
+    """`fp8-weight-only` or `fp8-dynamic` for a compressed-tensors FP8 per-tensor config; refuse the rest."""
+
+    def refuse(why: str):
+        raise LoadError(
+            f"config.json: quantization_config {why}; only FP8 per-tensor checkpoints from "
+            "`python -m export` (compressed-tensors float-quantized) are supported"
+        )
+
+    if not isinstance(qc, dict):
+        refuse(f"is a {type(qc).__name__}, not an object")
+    method = qc.get("quant_method")
+    if method != "compressed-tensors":
+        refuse(f"has quant_method {method!r}")
+    fmt = qc.get("format")
+    if fmt != "float-quantized":
+        refuse(f"has format {fmt!r}")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        refuse("has no config_groups")
+    kinds = {_group_kind(name, group, refuse) for name, group in groups.items()}
+    if len(kinds) != 1:
+        refuse("mixes weight-only and dynamic-activation groups")
+    return kinds.pop()
+
+
+def _group_kind(name: str, group, refuse) -> str:
+    if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
+        refuse(f"group {name!r} has no weights scheme")
+    if "Linear" not in (group.get("targets") or []):
+        refuse(f"group {name!r} targets {group.get('targets')!r}, not ['Linear']")
+    weights = group["weights"]
+    want = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
+    for key, value in want.items():
+        if weights.get(key, value if key == "dynamic" else None) != value:
+            refuse(f"group {name!r} weights have {key}={weights.get(key)!r} (need {value!r})")
+    if weights.get("symmetric", True) is not True:
+        refuse(f"group {name!r} weights are asymmetric")
+    activations = group.get("input_activations")
+    if activations is None:
+        return "fp8-weight-only"
+    want = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": True}
+    for key, value in want.items():
+        if activations.get(key) != value:
+            refuse(f"group {name!r} input_activations have {key}={activations.get(key)!r} (need {value!r})")
+    return "fp8-dynamic"

@@ -1,0 +1,82 @@
+"""`python -m export SRC DST [--mode weight-only|dynamic] [--force]`: an FP8 per-tensor checkpoint of a
+Qwen3 (a local HF directory, a hub id, or a preset such as `tiny`) that our engine, vLLM and SGLang load.
+
+Writes `DST/config.json`, `DST/model.safetensors`, the tokenizer files and `DST/report.json` (quantization
+error against the unquantized model). Bad input exits non-zero with one line saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+# Before torch/torchao are imported: their CPU-only import chatter is not the user's concern.
+for noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(noisy).setLevel(logging.ERROR)
+
+log = logging.getLogger("export")
+
+
+def run_export(source: str, destination: str | Path, mode: str = "weight-only", force: bool = False) -> dict:
+    """Export `source` to `destination`; return the report (also written to `destination/report.json`)."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from export.checkpoint import ExportError, check_qwen3, resolve_source, size_of, staged_directory
+    from export.checkpoint import write_checkpoint
+    from export.quantize import MODES, quantize_layers
+    from export.report import build_report, compare_logits, log_summary, make_prompts, prompt_logits
+
+    if mode not in MODES:
+        raise ExportError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    destination = Path(destination).expanduser()
+    with tempfile.TemporaryDirectory(prefix="drafter-export-") as scratch:
+        directory = resolve_source(source, Path(scratch))
+        if destination.resolve() == directory.resolve():
+            raise ExportError("destination is the source directory; choose another destination")
+        with staged_directory(destination, force) as staging:
+            hf_config = check_qwen3(directory)
+            log.info("loading %s", source)
+            model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
+            prompts = make_prompts(directory, model.config.vocab_size)
+            reference = prompt_logits(model, prompts)
+            weight_errors = quantize_layers(model)
+            logits = compare_logits(reference, prompt_logits(model, prompts))
+            write_checkpoint(staging, model, hf_config, mode, directory)
+            report = build_report(source, mode, weight_errors, logits, size_of(directory), size_of(staging))
+            (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    log_summary(report)
+    log.info("wrote %s (%s)", destination, mode)
+    return report
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m export", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "source", metavar="SRC", help="Qwen3 directory, hub id (owner/name), or preset (tiny)"
+    )
+    parser.add_argument("destination", metavar="DST", help="directory to create")
+    parser.add_argument("--mode", default="weight-only", help="weight-only (default) or dynamic")
+    parser.add_argument("--force", action="store_true", help="replace DST if it exists")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from export.checkpoint import ExportError
+
+    try:
+        run_export(args.source, args.destination, args.mode, args.force)
+    except ExportError as error:
+        print(f"export: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""`python -m drafter [flags]` (and `drafter-serve`, `./serve.sh`): one Hypercorn worker serving the app.
+
+One process, one model: the engine is loaded once, in the background, while Hypercorn already answers the
+health probes. SIGTERM/SIGINT drain first (readiness 503, in-flight requests finish), then Hypercorn stops.
+A bad flag, variable or model path ends with one error line and exit status 2; an engine that fails to
+load or warm up ends the process with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from drafter.cli import UsageError, config_from_args
+from drafter.config import ServerConfig
+
+log = logging.getLogger("drafter")
+
+KEEP_ALIVE_S = (
+    75  # longer than the idle timeout of common client pools, so the target's connections stay warm
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        config = config_from_args(argv)
+        check_model_source(config.model)
+    except ValueError as error:  # UsageError, ServerConfigError, ConfigError and LoadError alike
+        log.error("%s", error if isinstance(error, UsageError) else f"bad configuration: {error}")
+        return 2
+    logging.getLogger().setLevel(config.log_level_number)
+    log.info("starting with %s", config)
+    return asyncio.run(serve(config))
+
+
+def check_model_source(source: str) -> None:
+    """Fail fast on a model directory that cannot be served, before the server starts."""
+    from engine.config import ConfigError, ModelConfig
+    from engine.loader import LoadError, checkpoint_files, read_hf_config
+    from engine.presets import is_preset
+
+    if is_preset(source):
+        return
+    directory = Path(source)
+    try:
+        ModelConfig.from_hf(read_hf_config(directory))
+    except ConfigError as error:
+        raise LoadError(f"{directory}: {error}") from None
+    checkpoint_files(directory)
+
+
+def hypercorn_config(config: ServerConfig):
+    from hypercorn.config import Config
+
+    hyper = Config()
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hyper.bind = [f"{host}:{config.port}"]  # Hypercorn sets TCP_NODELAY on the listening socket
+    hyper.keep_alive_timeout = KEEP_ALIVE_S
+    hyper.keep_alive_max_requests = 1_000_000  # a target reuses one connection for its whole run
+    hyper.graceful_timeout = 5  # after our own drain, only idle keep-alive connections are left
+    hyper.accesslog = None  # per-request logging costs more than a draft on a GPU; /metrics counts instead
+    hyper.errorlog = logging.getLogger("hypercorn.error")
+    return hyper
+
+
+async def serve(config: ServerConfig) -> int:
+    from hypercorn.asyncio import serve as hypercorn_serve
+
+    from drafter.app import create_app
+
+    app = create_app(config)
+    runtime = app.state.runtime
+    await hypercorn_serve(app, hypercorn_config(config), shutdown_trigger=lambda: wait_for_shutdown(runtime))
+    code = 1 if runtime.fatal.is_set() else 0
+    if not runtime.stop_engine_thread():
+        # Interpreter exit while torch runs in another thread aborts the process ("terminate called
+        # without an active exception"); a stop during a long load or compile skips that instead.
+        log.warning("engine thread still busy (%s); exiting without waiting for it", runtime.stage)
+        logging.shutdown()
+        os._exit(code)
+    log.info("stopped")
+    return code
+
+
+async def wait_for_shutdown(runtime) -> None:
+    """Hypercorn's shutdown trigger: returns once a signal arrived and in-flight requests are done, or at
+    once when the engine could not start."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    stopping = asyncio.ensure_future(stop.wait())
+    fatal = asyncio.ensure_future(runtime.fatal.wait())
+    await asyncio.wait({stopping, fatal}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    fatal.cancel()
+    if runtime.fatal.is_set():
+        return
+    log.info("shutdown signal received")
+    await runtime.drain()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

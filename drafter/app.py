@@ -1,0 +1,43 @@
+"""The Starlette app: routes as a plain list, a lifespan that starts the engine in the background, and
+one exception-handler map. `create_app(config)` is all a server (or a test) needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from drafter.config import ServerConfig
+from drafter.draft_route import draft
+from drafter.errors import EXCEPTION_HANDLERS
+from drafter.runtime import Runtime
+from drafter.status_routes import info, live, metrics, ready
+
+ROUTES = [
+    Route("/draft", draft, methods=["POST"]),
+    Route("/health/live", live, methods=["GET"]),
+    Route("/health/ready", ready, methods=["GET"]),
+    Route("/info", info, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    runtime = Runtime(config)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Returns at once: load and warmup continue in the background, gated by readiness.
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    app = Starlette(routes=ROUTES, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    app.state.runtime = runtime
+    app.state.metrics = runtime.metrics
+    return app

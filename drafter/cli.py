@@ -1,0 +1,117 @@
+"""Flags and `DRAFTER_*` environment variables → a `ServerConfig`. A flag beats its variable, which beats the
+default; defaults that depend on the machine (device, dtype, compile, graphs) are settled here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from drafter.config import LOG_LEVELS, ServerConfig
+
+TRUE_WORDS, FALSE_WORDS = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+class UsageError(ValueError):
+    """A flag or variable that cannot be read; printed as one line, without a traceback."""
+
+
+def boolean(text: str) -> bool:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"expected one of {sorted(TRUE_WORDS | FALSE_WORDS)}")
+
+
+# flag name -> (type for flag and variable, help). Every flag reads DRAFTER_<NAME> when not given.
+OPTIONS: dict[str, tuple] = {
+    "model": (str, "preset name (tiny, bench-cpu) or an exported FP8 / HF Qwen3 directory [tiny]"),
+    "host": (str, "address to bind [127.0.0.1]"),
+    "port": (int, "port to bind; 0 picks a free one [8000]"),
+    "device": (str, "cpu or cuda [cuda if available]"),
+    "dtype": (str, "bfloat16 or float32 [bfloat16 on CUDA, float32 on CPU]"),
+    "max-seq-len": (int, "longest context + draft accepted [4096]"),
+    "max-batch-size": (int, "requests drafted in one decode loop [8]"),
+    "max-slots": (int, "conversations whose KV cache is kept (>= max batch size) [16]"),
+    "max-draft-tokens": (int, "largest num_draft_tokens accepted [16]"),
+    "max-queue": (int, "requests that may wait for the engine; beyond it, 429 [128]"),
+    "batch-window-ms": (float, "how long an idle engine waits to batch a request with others [0.2]"),
+    "request-timeout-s": (float, "a request still queued after this is dropped with 504 [1.0]"),
+    "drain-timeout-s": (float, "on SIGTERM, how long in-flight requests may take to finish [30]"),
+    "api-key": (str, "bearer token required on /draft, /info and /metrics [none: open]"),
+    "log-level": (str, f"one of {', '.join(LOG_LEVELS)} [info]"),
+}
+SWITCHES = {
+    "compile": "torch.compile the decode step [on for CUDA, off for CPU]",
+    "cuda-graphs": "capture the k-step loop in CUDA graphs [on for CUDA, off for CPU]",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="drafter", description="Speculative-decoding draft server: POST /draft answers greedy drafts."
+    )
+    for name, (kind, text) in OPTIONS.items():
+        env = env_name(name)
+        parser.add_argument(f"--{name}", type=kind, default=None, help=f"{text} (${env})")
+    for name, text in SWITCHES.items():
+        parser.add_argument(
+            f"--{name}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{text} (${env_name(name)})",
+        )
+    return parser
+
+
+def env_name(flag: str) -> str:
+    return "DRAFTER_" + flag.upper().replace("-", "_")
+
+
+def read_settings(argv: Sequence[str], environ: Mapping[str, str]) -> dict:
+    """Flag or variable values by ServerConfig field name; settings given nowhere are left out."""
+    flags = vars(build_parser().parse_args(list(argv)))
+    types = {name: kind for name, (kind, _) in OPTIONS.items()} | dict.fromkeys(SWITCHES, boolean)
+    settings = {}
+    for name, kind in types.items():
+        key = name.replace("-", "_")
+        if flags[key] is not None:
+            settings[key] = flags[key]
+        elif env_name(name) in environ:
+            try:
+                settings[key] = kind(environ[env_name(name)])
+            except ValueError as error:
+                raise UsageError(f"{env_name(name)}={environ[env_name(name)]!r}: {error}") from None
+    return settings
+
+
+def config_from_args(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> ServerConfig:
+    settings = read_settings(
+        sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
+    )
+    import torch  # after parsing, so `--help` and flag typos answer at once
+
+    device = settings.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
+    on_cuda = device.startswith("cuda")
+    if on_cuda and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but no CUDA device is available")
+    settings.setdefault("dtype", "bfloat16" if on_cuda else "float32")
+    # torch.compile on CPU costs ~15 s per shape at startup for little gain on the tiny preset.
+    settings.setdefault("compile", on_cuda)
+    settings.setdefault("cuda_graphs", on_cuda)
+    if settings.get("log_level"):
+        settings["log_level"] = settings["log_level"].lower()
+    return ServerConfig(**settings)

@@ -1,0 +1,88 @@
+"""The server's configuration: one frozen dataclass, validated once, passed explicitly to every part.
+
+It holds what the HTTP side needs (address, queue bound, batch window, deadline, auth) and the engine's
+sizes, which it hands on as an `EngineConfig`. Where it comes from (flags, `DRAFTER_*` variables) is
+`drafter.cli`'s business.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from engine.config import EngineConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DEFAULT_NUM_DRAFT_TOKENS = 16  # the wire protocol's default k, capped by the server's maximum
+MAX_SESSION_CHARS = 128
+
+
+class ServerConfigError(ValueError):
+    """A server setting that cannot work; the message names the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_seq_len: int = 4096
+    max_batch_size: int = 8
+    max_slots: int = 16
+    max_draft_tokens: int = 16
+    max_queue: int = 128  # requests waiting for the engine; beyond it, 429 at once
+    batch_window_ms: float = 0.2  # how long an idle engine waits for a first request's companions
+    request_timeout_s: float = 1.0  # a request still queued after this is dropped (504), never drafted
+    compile: bool = False
+    cuda_graphs: bool = False
+    api_key: str | None = field(default=None, repr=False)  # never logged
+    log_level: str = "info"
+    drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may take to finish
+
+    def __post_init__(self):
+        if not self.model:
+            raise ServerConfigError("model must be a preset name or a checkpoint directory")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ServerConfigError(f"port must be in [0, 65535], got {self.port!r}")
+        if self.max_queue < 1:
+            raise ServerConfigError(f"max_queue must be at least 1, got {self.max_queue}")
+        if not 0 <= self.batch_window_ms <= 100:
+            raise ServerConfigError(f"batch_window_ms must be in [0, 100], got {self.batch_window_ms}")
+        if not self.request_timeout_s > 0:
+            raise ServerConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
+        if not self.drain_timeout_s > 0:
+            raise ServerConfigError(f"drain_timeout_s must be positive, got {self.drain_timeout_s}")
+        if self.log_level not in LOG_LEVELS:
+            raise ServerConfigError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
+        if self.api_key is not None and not self.api_key.strip():
+            raise ServerConfigError("api_key must not be empty (unset it to turn auth off)")
+        self.engine_config()  # the engine's own checks (sizes, dtype, graphs on CUDA only) fail here too
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            device=self.device,
+            dtype=self.dtype,
+            max_seq_len=self.max_seq_len,
+            max_slots=self.max_slots,
+            max_batch_size=self.max_batch_size,
+            max_draft_tokens=self.max_draft_tokens,
+            compile=self.compile,
+            cuda_graphs=self.cuda_graphs,
+        )
+
+    @property
+    def default_num_draft_tokens(self) -> int:
+        return min(DEFAULT_NUM_DRAFT_TOKENS, self.max_draft_tokens)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Room for a full context of the largest ids with generous whitespace, plus the other fields."""
+        return 16 * self.max_seq_len + 4096
+
+    @property
+    def log_level_number(self) -> int:
+        return getattr(logging, self.log_level.upper())

@@ -1,0 +1,152 @@
+"""`POST /draft`: gate, read, validate, queue, wait (deadline and disconnect aware), answer.
+
+Every refusal happens before the request is queued, and a queued request leaves the queue if its client
+goes away or its deadline passes, so the device only ever drafts for someone still waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.requests import Request
+
+from drafter.auth import require_auth
+from drafter.batcher import EngineFailed, Expired, Pending, QueueFull
+from drafter.errors import ApiError, OrjsonResponse
+from drafter.runtime import Runtime
+from drafter.validation import (
+    DraftParams,
+    check_content_length,
+    check_content_type,
+    parse_draft_body,
+    too_large,
+)
+from engine.requests import DraftError, DraftRequest, DraftResult
+
+RETRY_AFTER_OVERLOADED_S = "1"
+RETRY_AFTER_NOT_READY_S = "5"
+
+
+async def draft(request: Request) -> OrjsonResponse:
+    runtime: Runtime = request.app.state.runtime
+    started = time.perf_counter()
+    runtime.in_flight += 1
+    runtime.metrics.in_flight.inc()
+    status = 500
+    try:
+        response = await answer(request, runtime)
+        status = response.status_code
+        return response
+    except ApiError as error:
+        status = error.status
+        raise
+    finally:
+        runtime.in_flight -= 1
+        runtime.metrics.in_flight.dec()
+        runtime.metrics.request_seconds.labels(str(status)).observe(time.perf_counter() - started)
+
+
+async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
+    require_auth(request, runtime.config.api_key)
+    if not runtime.ready:
+        raise not_ready(runtime.stage, runtime.lifecycle.reason)
+    limits = runtime.limits
+    check_content_type(request.headers.get("content-type"))
+    check_content_length(request.headers.get("content-length"), limits.max_body_bytes)
+    params = parse_draft_body(await read_body(request, limits.max_body_bytes), limits)
+
+    try:
+        pending = runtime.batcher.submit(
+            DraftRequest(params.tokens, params.num_draft_tokens, params.session),
+            runtime.config.request_timeout_s,
+        )
+    except QueueFull:
+        raise ApiError(
+            429,
+            "overloaded",
+            f"the draft queue is full ({runtime.config.max_queue} waiting); retry shortly",
+            headers={"Retry-After": RETRY_AFTER_OVERLOADED_S},
+        ) from None
+    except EngineFailed:
+        raise not_ready("failed", runtime.lifecycle.reason) from None
+    result = await wait_for_result(request, runtime, pending)
+    if result is None:  # the client is gone; nobody reads this
+        return OrjsonResponse(None, status_code=499)
+    response, num_tokens = draft_response(params, result, pending)
+    runtime.metrics.draft_tokens.inc(num_tokens)
+    return response
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The body, refused as soon as the bytes read pass the cap (Content-Length may be absent or wrong)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise too_large(max_body_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def wait_for_result(request: Request, runtime: Runtime, pending: Pending) -> DraftResult | None:
+    # After the body is read, the next ASGI message can only be http.disconnect.
+    disconnected = asyncio.ensure_future(request.receive())
+    timeout = pending.deadline - asyncio.get_running_loop().time()
+    try:
+        done, _ = await asyncio.wait(
+            {pending.future, disconnected}, timeout=max(timeout, 0), return_when="FIRST_COMPLETED"
+        )
+        if pending.future not in done and runtime.batcher.withdraw(pending):
+            if disconnected in done:
+                runtime.metrics.rejections.labels("disconnected").inc()
+                return None
+            raise timed_out(runtime.config.request_timeout_s)
+        # Its batch is running (or done): the device work is spent, so wait for it either way.
+        try:
+            return await pending.future
+        except Expired:
+            raise timed_out(runtime.config.request_timeout_s) from None
+        except EngineFailed:
+            raise not_ready("failed", runtime.lifecycle.reason) from None
+        except DraftError as error:
+            raise ApiError(400, "invalid_request", str(error), error.param) from None
+    finally:
+        disconnected.cancel()
+
+
+def draft_response(params: DraftParams, result: DraftResult, pending: Pending) -> tuple[OrjsonResponse, int]:
+    tokens, probs = result.tokens, result.probs
+    if params.min_confidence > 0:
+        keep = next((i for i, p in enumerate(probs) if p < params.min_confidence), len(probs))
+        tokens, probs = tokens[:keep], probs[:keep]
+    body = {"tokens": tokens, "cached": result.cached}
+    if params.return_probs:
+        body["probs"] = probs
+    queue_ms = (pending.started - pending.arrived) * 1e3
+    timing = (
+        f"queue;dur={queue_ms:.3f}, prefill;dur={result.prefill_ms:.3f}, decode;dur={result.decode_ms:.3f}"
+    )
+    return OrjsonResponse(body, headers={"Server-Timing": timing}), len(tokens)
+
+
+def not_ready(stage: str, reason: str | None) -> ApiError:
+    message = f"the draft engine is not ready: {stage}"
+    if stage == "failed" and reason:
+        message += " (see the server log; restart the process)"
+    return ApiError(
+        503,
+        "not_ready",
+        message,
+        headers={"Retry-After": RETRY_AFTER_NOT_READY_S},
+        reason=f"not_ready_{stage}",
+    )
+
+
+def timed_out(timeout_s: float) -> ApiError:
+    return ApiError(
+        504,
+        "timeout",
+        f"the request waited longer than {timeout_s} s for the engine and was dropped",
+        reason="timeout",
+    )

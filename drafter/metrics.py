@@ -1,0 +1,85 @@
+"""Prometheus metrics of one server, in a registry of its own (never the process-global one), so two apps
+in one process (tests) do not collide and /metrics shows only what this server measured.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Sub-millisecond to seconds: a GPU draft is ~1-5 ms, a CPU one or a long prefill much more.
+SECONDS_BUCKETS = (
+    0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, max_batch_size: int):
+        disable_created_metrics()  # `*_created` series double the output and no dashboard reads them
+        self.registry = registry = CollectorRegistry()
+        self.request_seconds = Histogram(
+            "drafter_request_seconds",
+            "Time from a /draft request's arrival to its answer, by HTTP status",
+            ["status"],
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait_seconds = Histogram(
+            "drafter_queue_wait_seconds",
+            "Time a validated request waited before its batch started on the engine",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.prefill_seconds = Histogram(
+            "drafter_prefill_seconds",
+            "Prefill time of each batch",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.decode_seconds = Histogram(
+            "drafter_decode_seconds",
+            "k-step decode loop time of each batch",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "drafter_batch_size",
+            "Requests drafted together in one engine batch",
+            buckets=tuple(range(1, max_batch_size + 1)),
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "drafter_requests_in_flight", "/draft requests being handled now", registry=registry
+        )
+        self.queue_depth = Gauge(
+            "drafter_queue_depth", "Validated requests waiting for the engine", registry=registry
+        )
+        self.rejections = Counter(
+            "drafter_rejections", "Requests refused, by reason", ["reason"], registry=registry
+        )
+        self.draft_tokens = Counter(
+            "drafter_draft_tokens", "Draft tokens returned to clients", registry=registry
+        )
+        self.cache_tokens = Counter(
+            "drafter_cache_tokens",
+            "Context tokens served from the KV cache (reused) or computed (prefilled)",
+            ["kind"],
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "drafter_evictions", "Requests that evicted another conversation's KV slot", registry=registry
+        )
+        self.ready = Gauge("drafter_ready", "1 when the engine is ready to draft", registry=registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,130 @@
+"""What one server process holds while it runs: the engine thread, the engine once loaded, the batcher,
+the metrics, and the stage readiness reports (loading → compiling → capturing → ready, or draining/failed).
+
+Load and warmup run in the background on the engine thread, so Hypercorn's 60 s startup timeout never
+meets a slow checkpoint or a long compile; readiness is gated on the engine's `Lifecycle` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from drafter.batcher import Batcher
+from drafter.config import ServerConfig
+from drafter.engine_thread import EngineThread
+from drafter.metrics import Metrics
+from drafter.validation import Limits
+from engine.engine import Engine
+from engine.lifecycle import Lifecycle, State
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.metrics = Metrics(config.max_batch_size)
+        self.metrics.ready.set_function(lambda: float(self.ready))
+        self.lifecycle = (
+            Lifecycle()
+        )  # before loading starts, so readiness says "loading" from the first probe
+        self.engine: Engine | None = None
+        self.limits: Limits | None = None
+        self.batcher: Batcher | None = None
+        self.engine_thread: EngineThread | None = None
+        self.draining = False
+        self.in_flight = 0  # /draft requests inside a handler; SIGTERM waits for this to reach 0
+        self.fatal = asyncio.Event()  # the engine could not load: the process should exit non-zero
+        self.startup: asyncio.Task | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.lifecycle.ready and self.batcher is not None and not self.draining
+
+    @property
+    def stage(self) -> str:
+        if self.lifecycle.state is State.FAILED:
+            return State.FAILED.value
+        return "draining" if self.draining else self.lifecycle.state.value
+
+    @property
+    def alive(self) -> bool:
+        return self.lifecycle.state is not State.FAILED
+
+    async def start(self) -> None:
+        self.engine_thread = EngineThread()
+        self.startup = asyncio.create_task(self.load_and_warm_up(), name="drafter-startup")
+
+    async def load_and_warm_up(self) -> None:
+        config, started = self.config, time.perf_counter()
+        try:
+            engine = await self.engine_thread.run(
+                Engine.load, config.model, config.engine_config(), self.lifecycle
+            )
+            if engine.loaded.is_random_preset:
+                log.warning(
+                    "serving the %r preset: its weights are RANDOM, its drafts are meaningless "
+                    "(pass --model DIR to serve a real checkpoint)",
+                    config.model,
+                )
+            snapshot = await self.engine_thread.run(engine.warmup)
+        except Exception as error:  # noqa: BLE001 - anything here means nothing can be served
+            if self.lifecycle.state is not State.FAILED:
+                self.lifecycle.fail(f"{type(error).__name__}: {error}")
+            log.error("could not start the engine: %s", self.lifecycle.reason)
+            self.fatal.set()
+            return
+        self.engine = engine
+        self.limits = Limits(
+            vocab_size=engine.loaded.config.vocab_size,
+            max_seq_len=config.max_seq_len,
+            max_draft_tokens=config.max_draft_tokens,
+            default_num_draft_tokens=config.default_num_draft_tokens,
+            max_body_bytes=config.max_body_bytes,
+        )
+        self.batcher = Batcher(
+            self.engine_thread,
+            engine.draft_batch,
+            config.max_batch_size,
+            config.max_queue,
+            config.batch_window_ms / 1e3,
+            self.metrics,
+            self.on_engine_failure,
+        )
+        self.batcher.start()
+        log.info(
+            "ready in %.1f s: %s on %s (%s), stages %s, fallbacks %s",
+            time.perf_counter() - started,
+            config.model,
+            config.device,
+            config.dtype,
+            snapshot["stage_seconds"],
+            snapshot["fallbacks"] or "none",
+        )
+
+    def on_engine_failure(self, error: BaseException) -> None:
+        # Readiness and liveness both fail from here on, so an orchestrator restarts the process.
+        self.lifecycle.fail(f"engine error while drafting: {type(error).__name__}: {error}")
+        log.error("engine failed while drafting; restart the process", exc_info=error)
+
+    async def drain(self) -> None:
+        """Readiness goes 503 at once; wait (bounded) for requests already inside a handler to finish."""
+        self.draining = True
+        log.info("draining: readiness is 503, waiting for %d in-flight request(s)", self.in_flight)
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.in_flight:
+            log.warning("drain timed out with %d request(s) still in flight", self.in_flight)
+
+    async def close(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()
+        if self.startup is not None and not self.startup.done():
+            self.startup.cancel()  # the load itself goes on in the engine thread; see `stop_engine_thread`
+
+    def stop_engine_thread(self, timeout_s: float = 2.0) -> bool:
+        """End the engine thread; False if it is still inside a load, warmup or batch."""
+        return self.engine_thread is None or self.engine_thread.stop(timeout_s)

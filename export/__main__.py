@@ -26,8 +26,14 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from export.checkpoint import ExportError, check_qwen3, resolve_source, size_of, staged_directory
-    from export.checkpoint import write_checkpoint
+    from export.checkpoint import (
+        ExportError,
+        check_qwen3,
+        resolve_source,
+        size_of,
+        staged_directory,
+        write_checkpoint,
+    )
     from export.quantize import MODES, quantize_layers
     from export.report import build_report, compare_logits, log_summary, make_prompts, prompt_logits
 

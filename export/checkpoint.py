@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -171,6 +172,7 @@ def staged_directory(destination: Path, force: bool) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
     try:
         yield staging
+        publish_permissions(staging)
         if destination.exists():
             old = destination.with_name(f".{destination.name}.old-{staging.name}")
             destination.rename(old)
@@ -181,6 +183,15 @@ def staged_directory(destination: Path, force: bool) -> Iterator[Path]:
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+
+
+def publish_permissions(directory: Path) -> None:
+    """mkdtemp makes a private directory; give it and its files the modes the umask would have."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for file in directory.iterdir():
+        file.chmod(0o666 & ~umask)
 
 
 def size_of(directory: Path) -> int:

@@ -1,0 +1,150 @@
+"""FP8 linears of the engine: the math of both forwards, the state-dict contract the loader checks,
+what `config.json` quantization configs are accepted, and that the forwards compile with fullgraph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.fp8 import (
+    FP8_DTYPE,
+    FP8DynamicLinear,
+    FP8Linear,
+    quantization_from_config,
+    quantize_per_tensor,
+    swap_fp8_linears,
+)
+from engine.loader import LoadError
+from engine.model import Qwen3
+from engine.presets import PRESETS
+from export.checkpoint import quantization_config
+
+
+def make_linear(cls, in_features=64, out_features=48, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator) * 0.3
+    scale = (weight.abs().amax() / 448).reshape(1)
+    linear = cls(in_features, out_features)
+    linear.weight.data = (weight / scale).clamp(-448, 448).to(FP8_DTYPE)
+    linear.weight_scale.copy_(scale)
+    return linear, weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_weight_only_matches_dequantized_matmul(dtype):
+    linear, _ = make_linear(FP8Linear)
+    x = torch.randn(2, 3, 64, dtype=dtype)
+    expected = F.linear(x, (linear.weight.float() * linear.weight_scale).to(dtype))
+    torch.testing.assert_close(linear(x), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(64, 48), (200, 24)])  # odd sizes too: CPU _scaled_mm takes them
+def test_fp8_dynamic_matches_emulated_scaled_mm(shape):
+    linear, weight = make_linear(FP8DynamicLinear, *shape)
+    x = torch.randn(5, shape[0])
+    x_q, x_scale = quantize_per_tensor(x)
+    emulated = (x_q.float() * x_scale) @ (linear.weight.float() * linear.weight_scale).T
+    torch.testing.assert_close(linear(x), emulated, rtol=1e-5, atol=1e-5)
+    # and within FP8 error (weights and activations, ~3% each) of the unquantized product
+    error = (linear(x) - x @ weight.T).norm() / (x @ weight.T).norm()
+    assert error < 0.08
+
+
+def test_fp8_activation_quantization_is_per_tensor_and_safe_on_zeros():
+    x = torch.randn(4, 32) * 7
+    x_q, scale = quantize_per_tensor(x)
+    assert x_q.dtype == FP8_DTYPE and scale.shape == (1,) and scale.dtype == torch.float32
+    assert x_q.float().abs().max() == 448
+    zero_q, _ = quantize_per_tensor(torch.zeros(3, 8))
+    assert torch.equal(zero_q.float(), torch.zeros(3, 8))
+
+
+@pytest.mark.parametrize("quantization", ["fp8-weight-only", "fp8-dynamic"])
+def test_fp8_swap_declares_the_checkpoint_layout(quantization):
+    config = PRESETS["tiny"]
+    with torch.device("meta"):
+        model = Qwen3(config)
+    swap_fp8_linears(model, quantization)
+    state = model.state_dict()
+    linears = [n for n in state if n.endswith("_proj.weight")]
+    assert len(linears) == 7 * config.num_hidden_layers
+    for name in linears:
+        assert state[name].dtype == FP8_DTYPE and state[name].is_meta
+        scale = state[name.replace(".weight", ".weight_scale")]
+        assert scale.dtype == torch.float32 and scale.shape == (1,)
+    others = [n for n in state if not n.endswith(("_proj.weight", "_scale"))]
+    assert all(state[n].dtype != FP8_DTYPE for n in others)
+    assert state["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)  # [out, in]
+
+
+def test_fp8_swap_refuses_unknown_kind():
+    with torch.device("meta"):
+        model = Qwen3(PRESETS["tiny"])
+    with pytest.raises(LoadError, match="unknown quantization 'int4'"):
+        swap_fp8_linears(model, "int4")
+
+
+def test_fp8_config_kinds_from_our_export():
+    assert quantization_from_config(quantization_config("weight-only")) == "fp8-weight-only"
+    assert quantization_from_config(quantization_config("dynamic")) == "fp8-dynamic"
+
+
+def edited(mode, edit):
+    config = quantization_config(mode)
+    edit(config, config["config_groups"]["group_0"])
+    return config
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq'"),
+        (edited("weight-only", lambda c, g: c.update(format="pack-quantized")), "format 'pack-quantized'"),
+        (edited("weight-only", lambda c, g: g["weights"].update(type="int")), "type='int'"),
+        (edited("weight-only", lambda c, g: g["weights"].update(strategy="channel")), "strategy='channel'"),
+        (edited("weight-only", lambda c, g: g["weights"].update(num_bits=4)), "num_bits=4"),
+        (edited("dynamic", lambda c, g: g["input_activations"].update(dynamic=False)), "dynamic=False"),
+        (edited("dynamic", lambda c, g: g["input_activations"].update(strategy="token")), "strategy='token'"),
+        (edited("weight-only", lambda c, g: c.update(config_groups={})), "no config_groups"),
+    ],
+)
+def test_fp8_config_refuses_what_it_cannot_run(config, message):
+    with pytest.raises(LoadError, match=message):
+        quantization_from_config(config)
+
+
+def test_fp8_forwards_compile_fullgraph():
+    torch._dynamo.reset()
+    weight_only, _ = make_linear(FP8Linear, 64, 64, seed=1)
+    dynamic, _ = make_linear(FP8DynamicLinear, 64, 64, seed=2)
+
+    def both(x):
+        return dynamic(weight_only(x))
+
+    x = torch.randn(1, 3, 64)
+    compiled = torch.compile(both, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(x), both(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [FP8Linear, FP8DynamicLinear])
+def test_fp8_forward_has_no_host_sync_and_captures_into_a_cuda_graph(cls):
+    linear, _ = make_linear(cls, 256, 128)
+    linear = linear.cuda()
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        expected = linear(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        linear(x)  # warm up off the default stream before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        out = linear(x)
+    graph.replay()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

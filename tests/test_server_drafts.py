@@ -1,0 +1,139 @@
+"""Drafts over HTTP equal the in-process engine's, alone and with 64 concurrent clients (which batch)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+
+from engine.requests import DraftRequest
+from tests.server_process import MAIN_ARGS, MAIN_SIZES, draft_body, main_oracle, metric_value, shared_server
+
+VOCAB = 1024  # the tiny preset's
+
+
+@pytest.fixture(scope="module")
+def url(request):
+    return shared_server(request.config, MAIN_ARGS).url
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    with httpx.Client(base_url=url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return main_oracle()
+
+
+def random_context(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(length)]
+
+
+def test_draft_equals_engine_draft(client, oracle):
+    rng = random.Random(1)
+    for length, k in [(1, 1), (5, 16), (37, 7), (200, 16), (MAIN_SIZES["max_seq_len"] - 16, 16)]:
+        tokens = random_context(rng, length)
+        response = client.post("/draft", json=draft_body(tokens, k, return_probs=True))
+        assert response.status_code == 200, response.text
+        body = response.json()
+        [expected] = oracle.draft_batch([DraftRequest(tokens, k)])
+        assert body["tokens"] == expected.tokens
+        assert body["probs"] == pytest.approx(expected.probs, abs=1e-4)
+        assert set(body) == {"tokens", "probs", "cached"}
+
+
+def test_draft_defaults_to_16_tokens_without_probs(client, oracle):
+    tokens = random_context(random.Random(2), 12)
+    body = client.post("/draft", json={"tokens": tokens}).json()
+    assert body["tokens"] == oracle.draft(tokens, 16)
+    assert "probs" not in body
+
+
+def test_draft_reuses_cache_as_the_conversation_grows(client, oracle):
+    context = random_context(random.Random(3), 50)
+    session = "conv-reuse"
+    first = client.post("/draft", json=draft_body(context, 8, session=session)).json()
+    # The target accepts 3 drafts and adds one token of its own, then asks again.
+    context = context + first["tokens"][:3] + [7]
+    second = client.post("/draft", json=draft_body(context, 8, session=session)).json()
+    assert second["tokens"] == oracle.draft(context, 8)
+    assert second["cached"] >= 50
+
+
+def test_draft_min_confidence_cuts_before_first_unsure_token(client, oracle):
+    tokens = random_context(random.Random(4), 20)
+    full = client.post("/draft", json=draft_body(tokens, 16, return_probs=True)).json()
+    threshold = sorted(full["probs"])[len(full["probs"]) // 2]  # some drafts fall below it
+    cut = next(i for i, p in enumerate(full["probs"]) if p < threshold)
+    body = client.post("/draft", json=draft_body(tokens, 16, min_confidence=threshold)).json()
+    assert body["tokens"] == full["tokens"][:cut]
+
+
+def test_draft_server_timing_names_queue_prefill_decode(client):
+    response = client.post("/draft", json=draft_body([1, 2, 3], 4))
+    parts = dict(part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
+    assert set(parts) == {"queue", "prefill", "decode"}
+    assert all(float(ms) >= 0 for ms in parts.values())
+
+
+def test_draft_64_concurrent_clients_get_their_own_drafts_in_batches(client, url, oracle):
+    rng = random.Random(5)
+    contexts = [random_context(rng, rng.randrange(1, 120)) for _ in range(64)]
+    before = client.get("/metrics").text
+
+    async def ask_all():
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as clients:
+            requests = [clients.post("/draft", json=draft_body(c, 8)) for c in contexts]
+            return await asyncio.gather(*requests)
+
+    responses = asyncio.run(ask_all())
+    assert [r.status_code for r in responses] == [200] * 64
+    for context, response in zip(contexts, responses, strict=True):
+        assert response.json()["tokens"] == oracle.draft(context, 8)
+    after = client.get("/metrics").text
+    num_batches = metric_value(after, "drafter_batch_size_count") - metric_value(
+        before, "drafter_batch_size_count"
+    )
+    num_drafted = metric_value(after, "drafter_batch_size_sum") - metric_value(
+        before, "drafter_batch_size_sum"
+    )
+    assert num_drafted == 64
+    assert num_batches < 64, "no two concurrent requests were batched together"
+
+
+def test_info_describes_the_served_model(client):
+    info = client.get("/info").json()
+    assert info["model"] == "tiny"
+    assert info["random_weights"] is True
+    assert info["vocab_size"] == VOCAB
+    assert info["max_context"] == MAIN_SIZES["max_seq_len"]
+    assert info["max_draft_tokens"] == 16
+    assert info["quantization"] == "none"
+    assert info["batch_buckets"] and info["stage"] == "ready"
+    assert {"torch", "starlette", "hypercorn", "python"} <= set(info["versions"])
+
+
+def test_metrics_count_served_tokens_and_cache_use(client):
+    client.post("/draft", json=draft_body([5, 6, 7, 8], 4))
+    text = client.get("/metrics").text
+    assert text.startswith("# HELP")
+    assert metric_value(text, "drafter_draft_tokens_total") >= 4
+    assert metric_value(text, 'drafter_cache_tokens_total{kind="prefilled"}') > 0
+    assert metric_value(text, "drafter_requests_in_flight") == 0
+    for name in ("drafter_request_seconds", "drafter_queue_wait_seconds", "drafter_prefill_seconds"):
+        assert f"{name}_bucket" in text
+    assert "drafter_decode_seconds_bucket" in text and "drafter_evictions_total" in text
+
+
+def test_health_routes_say_ready(client):
+    assert client.get("/health/live").json() == {"status": "alive"}
+    ready = client.get("/health/ready")
+    assert ready.status_code == 200
+    assert ready.json()["stage"] == "ready"
+    assert ready.json()["lifecycle"]["state"] == "ready"

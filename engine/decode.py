@@ -26,8 +26,10 @@ def greedy_step(
     kv_len: int,
     rope: tuple[torch.Tensor, torch.Tensor],
     cache: tuple[torch.Tensor, torch.Tensor],
+    read_slots: torch.Tensor | slice | None = None,  # `slots` as a range, when they are contiguous
 ) -> tuple[torch.Tensor, torch.Tensor]:  # next token [B], its probability [B]
-    hidden = model(tokens[:, None], positions[:, None], slots[:, None], slots, kv_len, rope, cache)
+    reads = slots if read_slots is None else read_slots
+    hidden = model(tokens[:, None], positions[:, None], slots[:, None], reads, kv_len, rope, cache)
     logits = model.logits(hidden[:, -1])  # [B, vocab] fp32
     best = logits.max(dim=-1)
     # argmax of the logits (first index on ties, as transformers' greedy search), and its softmax mass.
@@ -58,11 +60,14 @@ class DecodeBuffers:
         self.slots.copy_(host[2], non_blocking=True)
 
 
-def run_loop(step: StepFn, buffers: DecodeBuffers, num_steps: int, kv_len: int, rope, cache) -> None:
+def run_loop(
+    step: StepFn, buffers: DecodeBuffers, num_steps: int, kv_len: int, rope, cache, read_slots=None
+) -> None:
     """`num_steps` greedy steps from the buffers' inputs into their outputs; no host sync inside."""
     tokens, positions = buffers.tokens, buffers.positions
+    extra = {} if read_slots is None else {"read_slots": read_slots}
     for i in range(num_steps):
-        tokens, probs = step(tokens, positions, buffers.slots, kv_len, rope, cache)
+        tokens, probs = step(tokens, positions, buffers.slots, kv_len, rope, cache, **extra)
         buffers.out_tokens[:, i].copy_(tokens)
         buffers.out_probs[:, i].copy_(probs)
         positions = positions + 1

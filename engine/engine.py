@@ -51,6 +51,8 @@ class Engine:
         }
         self.step = functools.partial(greedy_step, self.model)
         self.graphs = None  # CapturedLoops once captured
+        self.static_shapes = False  # compiled or captured: every loop runs in a padded batch bucket
+        self.eager_buffers: dict[int, DecodeBuffers] = {}
         self.stats = EngineStats()
 
     @classmethod
@@ -88,7 +90,7 @@ class Engine:
                 for kv_len in self.config.kv_buckets:
                     self.reset_buffers(bucket)
                     run_loop(step, bucket, 1, kv_len, self.rope, self.cache.tensors)
-            self.step = step
+            self.step, self.static_shapes = step, True
         except Exception as error:  # noqa: BLE001 - compile failures vary by backend; eager still works
             self.lifecycle.fall_back(f"torch.compile failed, serving eager: {type(error).__name__}: {error}")
 
@@ -110,7 +112,7 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - a failed capture must not take the server down
             self.lifecycle.fall_back(f"CUDA graph capture failed, serving without graphs: {error}")
             return
-        self.graphs = graphs
+        self.graphs, self.static_shapes = graphs, True
         self.lifecycle.captured = {
             "batch_buckets": sorted(self.buffers),
             "kv_buckets": list(self.config.kv_buckets),
@@ -179,13 +181,13 @@ class Engine:
 
         # Graphs always run max_draft_tokens steps; eager runs only as many as the batch asks for.
         num_steps = cfg.max_draft_tokens if self.graphs else max(r.num_draft_tokens for r in requests)
-        bucket = self.buffers[cfg.buckets[bisect.bisect_left(cfg.buckets, len(requests))]]
-        bucket.fill(
-            [int(c[-1]) for c in contexts], [len(c) - 1 for c in contexts], [a.slot for a in assignments]
-        )
-        self.run_decode(bucket, num_steps, self.kv_span(max(len(c) for c in contexts) - 1 + num_steps))
-        drafts = bucket.out_tokens[: len(requests), :num_steps].tolist()  # the one host sync of the loop
-        probs = bucket.out_probs[: len(requests), :num_steps].tolist()
+        slots = [a.slot for a in assignments]
+        buffers = self.decode_buffers(len(requests))
+        buffers.fill([int(c[-1]) for c in contexts], [len(c) - 1 for c in contexts], slots)
+        kv_len = self.kv_span(max(len(c) for c in contexts) - 1 + num_steps)
+        self.run_decode(buffers, num_steps, kv_len, self.contiguous_reads(buffers, slots))
+        drafts = buffers.out_tokens[: len(requests), :num_steps].tolist()  # the one host sync of the loop
+        probs = buffers.out_probs[: len(requests), :num_steps].tolist()
         decoded = time.perf_counter()
 
         results = []
@@ -211,11 +213,27 @@ class Engine:
         self.count(results)
         return results
 
-    def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int) -> None:
+    def decode_buffers(self, batch: int) -> DecodeBuffers:
+        """Static shapes (compiled, graphs) pad to a bucket; eager runs the exact batch, no padded rows."""
+        if self.static_shapes:
+            return self.buffers[self.config.buckets[bisect.bisect_left(self.config.buckets, batch)]]
+        if batch not in self.eager_buffers:
+            self.eager_buffers[batch] = DecodeBuffers(
+                batch, self.config.max_draft_tokens, self.cache.scratch_slot, self.device
+            )
+        return self.eager_buffers[batch]
+
+    def contiguous_reads(self, buffers: DecodeBuffers, slots: list[int]) -> slice | None:
+        """Eager batches over consecutive slots (every single request) attend over a view of the cache."""
+        if self.static_shapes or slots != list(range(slots[0], slots[0] + buffers.bucket)):
+            return None
+        return slice(slots[0], slots[0] + buffers.bucket)
+
+    def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, read_slots=None) -> None:
         if self.graphs is not None:
             self.graphs.replay(buffers.bucket, kv_len)
         else:
-            run_loop(self.step, buffers, num_steps, kv_len, self.rope, self.cache.tensors)
+            run_loop(self.step, buffers, num_steps, kv_len, self.rope, self.cache.tensors, read_slots)
 
     def sync(self) -> None:
         if self.device.type == "cuda":

@@ -67,7 +67,7 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,  # [slots, cache_len, kv_heads, head_dim]
         write_slots: torch.Tensor,  # [B, S] slot each token's keys/values are written to
         positions: torch.Tensor,  # [B, S]
-        read_slots: torch.Tensor,  # [B] slot each sequence attends over
+        read_slots: torch.Tensor | slice,  # [B] slot each sequence attends over, or a contiguous range
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim))
@@ -80,6 +80,8 @@ class Attention(nn.Module):
         k_cache[write_slots, positions] = k.to(k_cache.dtype)
         v_cache[write_slots, positions] = v.to(v_cache.dtype)
         kv_len = mask.shape[-1]
+        # A slice reads a view; a tensor of slots gathers a copy (about 4x slower attention at 16k on CPU),
+        # which static-shape paths (compiled, CUDA graphs) need because their slots live on the device.
         keys = k_cache[read_slots, :kv_len].transpose(1, 2)  # [B, kv_heads, kv_len, head_dim]
         values = v_cache[read_slots, :kv_len].transpose(1, 2)
         out = F.scaled_dot_product_attention(
@@ -138,7 +140,7 @@ class Qwen3(nn.Module):
         input_ids: torch.Tensor,  # [B, S]
         positions: torch.Tensor,  # [B, S]
         write_slots: torch.Tensor,  # [B, S]
-        read_slots: torch.Tensor,  # [B]
+        read_slots: torch.Tensor | slice,  # [B], or a contiguous range of slots
         kv_len: int,  # attention span: every position a sequence may attend to is < kv_len
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [cache_len, head_dim]
         cache: tuple[torch.Tensor, torch.Tensor],  # k, v: [layers, slots, cache_len, kv_heads, head_dim]

@@ -1,0 +1,47 @@
+"""Over HTTP, `./serve.sh --model DIR` serves exactly the drafts transformers' greedy generate produces."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from tests.oracle import hf_greedy
+from tests.server_process import REPO, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def served(hf_checkpoint):
+    model, directory = hf_checkpoint("gqa4-tied-odd")
+    args = [
+        "--model",
+        str(directory),
+        "--dtype",
+        "float32",
+        "--device",
+        "cpu",
+        "--no-compile",
+        "--port",
+        "0",
+        "--max-seq-len",
+        "1024",
+    ]
+    server = ServerProcess(args, command=[str(REPO / "serve.sh")])
+    try:
+        yield model, server.wait_ready()
+    finally:
+        server.close()
+
+
+def test_serve_sh_drafts_equal_transformers_generate(served):
+    model, url = served
+    generator = torch.Generator().manual_seed(11)
+    with httpx.Client(base_url=url, timeout=30) as client:
+        context = torch.randint(0, model.config.vocab_size, (120,), generator=generator).tolist()
+        for _ in range(4):  # a growing conversation: later calls are served from the KV cache
+            response = client.post("/draft", json={"tokens": context, "num_draft_tokens": 10})
+            assert response.status_code == 200, response.text
+            drafts = response.json()["tokens"]
+            assert drafts == hf_greedy(model, context, 10)
+            context = context + drafts[:4] + [int(torch.randint(0, model.config.vocab_size, (1,)))]
+        assert response.json()["cached"] > 100

@@ -58,7 +58,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="drafter", description="Speculative-decoding draft server: POST /draft answers greedy drafts."
+        prog="drafter",
+        allow_abbrev=False,  # a misspelt flag must fail, not silently match a longer one
+        description="Speculative-decoding draft server: POST /draft answers greedy drafts.",
     )
     for name, (kind, text) in OPTIONS.items():
         env = env_name(name)
@@ -100,13 +102,13 @@ def config_from_args(
     settings = read_settings(
         sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
     )
-    import torch  # after parsing, so `--help` and flag typos answer at once
-
-    device = settings.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
+    device = settings.get("device")
+    if device is None:
+        device = settings["device"] = "cuda" if cuda_available() else "cpu"
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise UsageError(f"--device must be cpu or cuda, got {device!r}")
     on_cuda = device.startswith("cuda")
-    if on_cuda and not torch.cuda.is_available():
+    if on_cuda and not cuda_available():
         raise UsageError("--device cuda was asked for, but no CUDA device is available")
     settings.setdefault("dtype", "bfloat16" if on_cuda else "float32")
     # torch.compile on CPU costs ~15 s per shape at startup for little gain on the tiny preset.
@@ -115,3 +117,9 @@ def config_from_args(
     if settings.get("log_level"):
         settings["log_level"] = settings["log_level"].lower()
     return ServerConfig(**settings)
+
+
+def cuda_available() -> bool:
+    import torch  # only when asked: importing it takes seconds, and `--help` or a typo should not wait
+
+    return torch.cuda.is_available()

@@ -1,0 +1,114 @@
+"""The command line: flags beat DRAFTER_* variables beat defaults, bad settings end with one error line and
+status 2 (no traceback), and `./serve.sh` with no arguments serves the tiny preset on CPU."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from drafter.cli import config_from_args
+from tests.server_process import REPO, ServerProcess
+
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def clean_environ(**extra) -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("DRAFTER_")} | CPU_ONLY | extra
+
+
+def test_cli_flag_beats_variable_beats_default():
+    config = config_from_args(["--max-queue", "9"], {"DRAFTER_MAX_QUEUE": "5", "DRAFTER_PORT": "9001"})
+    assert config.max_queue == 9
+    assert config.port == 9001
+    assert config.host == "127.0.0.1"
+    assert config.max_draft_tokens == 16
+    assert config.model == "tiny"
+
+
+def test_cli_switches_and_cpu_defaults():
+    config = config_from_args(["--device", "cpu"], {"DRAFTER_COMPILE": "yes"})
+    assert (config.device, config.dtype, config.compile, config.cuda_graphs) == (
+        "cpu",
+        "float32",
+        True,
+        False,
+    )
+    assert config_from_args(["--device", "cpu", "--no-compile"], {"DRAFTER_COMPILE": "1"}).compile is False
+
+
+def test_cli_api_key_is_never_in_the_config_repr():
+    config = config_from_args(["--device", "cpu"], {"DRAFTER_API_KEY": "s3cret-value"})
+    assert config.api_key == "s3cret-value"
+    assert "s3cret-value" not in repr(config)
+
+
+BAD_SETTINGS = {
+    # name: (argv, environment, words in the one error line)
+    "batch size zero": (["--max-batch-size", "0"], {}, "max_batch_size"),
+    "batch above slots": (["--max-batch-size", "32", "--max-slots", "8"], {}, "max_slots"),
+    "port not a number": (["--port", "eighty"], {}, "--port"),
+    "variable not a number": ([], {"DRAFTER_MAX_QUEUE": "many"}, "DRAFTER_MAX_QUEUE"),
+    "missing model dir": (["--model", "/nonexistent/qwen3"], {}, "does not exist"),
+    "graphs on cpu": (["--cuda-graphs"], {}, "CUDA"),
+    "unknown flag": (["--max-batch", "4"], {}, "unrecognized"),
+}
+
+
+def test_cli_bad_settings_end_with_one_line_and_status_2():
+    # Started together: each pays the torch import once, in parallel.
+    runs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "drafter", "--device=cpu", *argv],  # no CUDA probe: no torch import
+            env=clean_environ(PYTHONPATH=str(REPO), **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, (argv, env, _) in BAD_SETTINGS.items()
+    }
+    try:
+        for name, run in runs.items():
+            out, err = run.communicate(timeout=60)
+            words = BAD_SETTINGS[name][2]
+            assert run.returncode == 2, (name, err)
+            assert "Traceback" not in err, name
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and "ERROR" in lines[0] and words in lines[0], (name, err)
+    finally:
+        for run in runs.values():  # a setting wrongly accepted starts a server; do not leave it behind
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_serve_sh_with_no_arguments_serves_tiny_on_cpu(tmp_path):
+    if not port_is_free(8000):
+        pytest.skip("port 8000, serve.sh's default, is taken on this machine")
+    # From an unrelated directory, with no flags and no DRAFTER_* variables.
+    server = ServerProcess([], command=[str(REPO / "serve.sh")], env=clean_environ(), cwd=tmp_path)
+    try:
+        url = server.wait_ready()
+        assert url == "http://127.0.0.1:8000"
+        response = httpx.post(f"{url}/draft", json={"tokens": [1, 2, 3]})
+        assert response.status_code == 200, response.text
+        assert len(response.json()["tokens"]) == 16
+        info = httpx.get(f"{url}/info").json()
+        assert (info["model"], info["device"], info["dtype"]) == ("tiny", "cpu", "float32")
+        assert "WARNING" in server.log and "RANDOM" in server.log
+        assert server.stop() == 0
+    finally:
+        server.close()

@@ -12,8 +12,8 @@ from engine.lifecycle import State
 from engine.requests import DraftRequest
 from tests.oracle import hf_greedy
 
-# Two batch buckets and one attention span: two compiled graphs, so the cold compile stays near a minute.
-SMALL = dict(max_seq_len=240, max_slots=2, max_batch_size=2, batch_buckets=(1, 2), min_kv_bucket=256)
+# Two batch buckets and two attention spans (256, 496): a few graphs, so the cold compile stays near a minute.
+SMALL = dict(max_seq_len=480, max_slots=2, max_batch_size=2, batch_buckets=(1, 2), min_kv_bucket=256)
 
 
 @pytest.mark.slow
@@ -27,7 +27,7 @@ def test_compiled_step_equals_eager_and_transformers_without_recompiles(hf_check
     generator = torch.Generator().manual_seed(5)
     torch._dynamo.config.error_on_recompile = True
     try:
-        for n in (1, 9, 120, 224):
+        for n in (1, 9, 224, 300, 460):
             a = torch.randint(0, 512, (n,), generator=generator).tolist()
             b = torch.randint(0, 512, (n // 2 + 1,), generator=generator).tolist()
             assert compiled.draft(a, 16) == eager.draft(a, 16) == hf_greedy(model, a, 16)

@@ -85,7 +85,7 @@ async def serve(config: ServerConfig) -> int:
         log.warning("engine thread still busy (%s); exiting without waiting for it", runtime.stage)
         logging.shutdown()
         os._exit(code)
-    log.info("stopped")
+    log.info("stopped" if code == 0 else "stopped: the engine could not start")
     return code
 
 

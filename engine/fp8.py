@@ -88,6 +88,8 @@ def swap_fp8_linears(model: nn.Module, quantization: str) -> nn.Module:
     if quantization not in QUANTIZATIONS:
         raise LoadError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
     cls = FP8DynamicLinear if quantization == "fp8-dynamic" else FP8Linear
+    if quantization == "fp8-weight-only":
+        fuse_dequantization_into_matvec()
     for layer in model.model.layers:
         for name in LINEAR_NAMES:
             parent_name, attr = name.split(".")
@@ -98,6 +100,16 @@ def swap_fp8_linears(model: nn.Module, quantization: str) -> nn.Module:
             )
             setattr(parent, attr, replacement)
     return model
+
+
+def fuse_dequantization_into_matvec() -> None:
+    """What torchao's weight-only configs set (`set_inductor_config`): with coordinate-descent tuning,
+    inductor lowers a batch-1 matmul on CUDA to a pointwise-multiply-and-reduce, into which the fp8→dtype
+    upcast and the scale fuse, so a decode step reads 1 byte per weight instead of materializing a copy.
+    Without it the upcast is its own kernel writing a bf16 weight per linear. (No effect on CPU.)"""
+    import torch._inductor.config
+
+    torch._inductor.config.coordinate_descent_tuning = True
 
 
 def quantization_from_config(qc: dict) -> str:
@@ -141,6 +153,8 @@ def _group_kind(name: str, group, refuse) -> str:
     activations = group.get("input_activations")
     if activations is None:
         return "fp8-weight-only"
+    if not isinstance(activations, dict):
+        refuse(f"group {name!r} input_activations is a {type(activations).__name__}, not an object")
     want = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": True}
     for key, value in want.items():
         if activations.get(key) != value:

@@ -52,7 +52,9 @@ def quantize_layers(model, show_progress: bool = True) -> dict[str, float]:
             qdata, scale = fp8_parts(weight)
             if scale.numel() != 1:
                 raise RuntimeError(f"torchao returned a {list(scale.shape)} scale for {name}, not per-tensor")
-            errors[f"model.layers.{index}.{name}"] = relative_error(original, weight.dequantize())
+            errors[f"model.layers.{index}.{name}"] = relative_error(
+                original, weight.dequantize(torch.float32)
+            )
     return errors
 
 

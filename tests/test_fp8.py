@@ -107,6 +107,8 @@ def edited(mode, edit):
         (edited("dynamic", lambda c, g: g["input_activations"].update(dynamic=False)), "dynamic=False"),
         (edited("dynamic", lambda c, g: g["input_activations"].update(strategy="token")), "strategy='token'"),
         (edited("weight-only", lambda c, g: c.update(config_groups={})), "no config_groups"),
+        (edited("weight-only", lambda c, g: g.update(input_activations="fp8")), "is a str"),
+        (edited("weight-only", lambda c, g: g.update(targets=["Embedding"])), "targets"),
     ],
 )
 def test_fp8_config_refuses_what_it_cannot_run(config, message):

@@ -40,6 +40,8 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
     if mode not in MODES:
         raise ExportError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     destination = Path(destination).expanduser()
+    if destination.exists() and not force:  # before any download or work; checked again when writing
+        raise ExportError(f"destination {str(destination)!r} already exists; pass --force to replace it")
     with tempfile.TemporaryDirectory(prefix="drafter-export-") as scratch:
         directory = resolve_source(source, Path(scratch))
         if destination.resolve() == directory.resolve():

@@ -95,7 +95,7 @@ async def wait_for_result(request: Request, runtime: Runtime, pending: Pending) 
     timeout = pending.deadline - asyncio.get_running_loop().time()
     try:
         done, _ = await asyncio.wait(
-            {pending.future, disconnected}, timeout=max(timeout, 0), return_when="FIRST_COMPLETED"
+            {pending.future, disconnected}, timeout=max(timeout, 0), return_when=asyncio.FIRST_COMPLETED
         )
         if pending.future not in done and runtime.batcher.withdraw(pending):
             if disconnected in done:

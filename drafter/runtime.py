@@ -11,6 +11,8 @@ import asyncio
 import logging
 import time
 
+import torch
+
 from drafter.batcher import Batcher
 from drafter.config import ServerConfig
 from drafter.engine_thread import EngineThread
@@ -60,6 +62,8 @@ class Runtime:
     async def load_and_warm_up(self) -> None:
         config, started = self.config, time.perf_counter()
         try:
+            if config.num_threads is not None:
+                await self.engine_thread.run(torch.set_num_threads, config.num_threads)
             engine = await self.engine_thread.run(
                 Engine.load, config.model, config.engine_config(), self.lifecycle
             )

@@ -232,7 +232,8 @@ def test_export_tiny_drafts_agree_with_unquantized(exported, mode):
     print(
         f"report: agreement {report['greedy_agreement']:.1%}, logit rel. error {report['logit_relative_error']:.4f}"
     )
-    assert agreement >= 0.75 and report["greedy_agreement"] >= 0.75
+    # measured 84% (weight-only) and 77% (dynamic: activations rounded too); the report's is weight-only's
+    assert agreement >= (0.75 if mode == "weight-only" else 0.7) and report["greedy_agreement"] >= 0.75
 
 
 @pytest.fixture(scope="module")

@@ -12,21 +12,22 @@ import pytest
 
 from tests.server_process import ServerProcess, metric_value
 
-# One request per batch and long fresh contexts: each batch takes many milliseconds on CPU, long enough to
-# watch requests queue behind it.
+# One request per batch and long fresh contexts: each batch takes ~70 ms on CPU, and eight of them queue
+# ~0.5 s of work: long enough to watch requests wait behind it without racing the first to finish.
 SLOW_BATCH_ARGS = [
-    "--max-seq-len=2048",
+    "--max-seq-len=4096",
     "--max-batch-size=1",
     "--max-slots=2",
     "--max-queue=16",
     "--request-timeout-s=60",
     "--device=cpu",
 ]
+AHEAD = 8  # requests sent before the one under test
 
 
 def long_context(seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(1024) for _ in range(2000)]
+    return [rng.randrange(1024) for _ in range(4000)]
 
 
 def test_not_ready_while_loading_then_sigterm_exits_cleanly():
@@ -64,37 +65,50 @@ def post_draft(url: str, tokens: list[int], timeout: float = 60) -> httpx.Respon
     return httpx.post(f"{url}/draft", json={"tokens": tokens, "num_draft_tokens": 8}, timeout=timeout)
 
 
-def wait_for_in_flight(url: str, count: int, timeout_s: float = 30) -> None:
+def arrived(url: str, served_before: float) -> float:
+    """Requests the server has received since `served_before` was read: in flight now, or answered 200."""
+    metrics = httpx.get(f"{url}/metrics").text
+    answered = metric_value(metrics, 'drafter_request_seconds_count{status="200"}') - served_before
+    return metric_value(metrics, "drafter_requests_in_flight") + answered
+
+
+def served(url: str) -> float:
+    return metric_value(httpx.get(f"{url}/metrics").text, 'drafter_request_seconds_count{status="200"}')
+
+
+def wait_for_arrivals(url: str, count: int, served_before: float, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if metric_value(httpx.get(f"{url}/metrics").text, "drafter_requests_in_flight") >= count:
+        if arrived(url, served_before) >= count:
             return
         time.sleep(0.005)
-    raise TimeoutError(f"never saw {count} requests in flight")
+    raise TimeoutError(f"never saw {count} requests arrive")
 
 
 def test_disconnected_client_is_removed_before_its_batch_runs(slow_server):
     url = slow_server.url
     before = httpx.get(f"{url}/metrics").text
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        ahead = [pool.submit(post_draft, url, long_context(seed)) for seed in range(3)]
-        wait_for_in_flight(url, 3)
-        with pytest.raises(httpx.TimeoutException):  # gives up while three long batches are ahead of it
+    served_before = served(url)
+    with concurrent.futures.ThreadPoolExecutor(AHEAD) as pool:
+        ahead = [pool.submit(post_draft, url, long_context(seed)) for seed in range(AHEAD)]
+        wait_for_arrivals(url, AHEAD, served_before)
+        with pytest.raises(httpx.TimeoutException):  # gives up while long batches are ahead of it
             post_draft(url, long_context(99), timeout=0.05)
-        assert [f.result().status_code for f in ahead] == [200] * 3
+        assert [f.result().status_code for f in ahead] == [200] * AHEAD
     after = httpx.get(f"{url}/metrics").text
     assert metric_value(after, 'drafter_rejections_total{reason="disconnected"}') == 1
     batches = metric_value(after, "drafter_batch_size_count") - metric_value(
         before, "drafter_batch_size_count"
     )
-    assert batches == 3
+    assert batches == AHEAD
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0(slow_server):
     url = slow_server.url
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        in_flight = [pool.submit(post_draft, url, long_context(100 + seed)) for seed in range(4)]
-        wait_for_in_flight(url, 4)
+    served_before = served(url)
+    with concurrent.futures.ThreadPoolExecutor(AHEAD) as pool:
+        in_flight = [pool.submit(post_draft, url, long_context(100 + seed)) for seed in range(AHEAD)]
+        wait_for_arrivals(url, AHEAD, served_before)
         slow_server.signal()
         # Still listening while it drains: readiness has turned 503 and new drafts are refused.
         deadline = time.monotonic() + 5
@@ -106,6 +120,6 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(slow_server):
         assert refused.status_code == 503
         assert "draining" in refused.json()["error"]["message"]
         responses = [f.result() for f in in_flight]
-    assert [r.status_code for r in responses] == [200] * 4
+    assert [r.status_code for r in responses] == [200] * AHEAD
     assert all(len(r.json()["tokens"]) == 8 for r in responses)
     assert slow_server.process.wait(30) == 0, slow_server.log

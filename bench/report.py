@@ -1,0 +1,98 @@
+"""Latencies → result rows, ratios against the baseline of the same run, a terminal table and a plot."""
+
+from __future__ import annotations
+
+import numpy as np
+
+BASELINE = "hf-generate"
+KEY_FIELDS = ("pattern", "context_len", "num_draft_tokens")
+
+
+def summarize(case: dict, latencies_s: list[float], floor: float) -> dict:
+    ms = np.asarray(latencies_s) * 1e3
+    mean = float(ms.mean())
+    return {
+        **case,
+        "calls": len(ms),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": mean,
+        # Closed-loop clients: by Little's law, requests in flight / mean latency.
+        "throughput_rps": case["concurrency"] / mean * 1e3,
+        "floor_ms": floor,
+        "floor_fraction": floor / float(np.percentile(ms, 50)),
+    }
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """`speedup_vs_hf_generate`: the baseline's p50 over ours, for single-client rows of the same case."""
+    baseline = {tuple(r[f] for f in KEY_FIELDS): r["p50_ms"] for r in rows if r["variant"] == BASELINE}
+    for row in rows:
+        reference = baseline.get(tuple(row[f] for f in KEY_FIELDS))
+        if row["concurrency"] == 1 and reference is not None:
+            row["speedup_vs_hf_generate"] = reference / row["p50_ms"]
+
+
+COLUMNS = [
+    ("variant", "{}"),
+    ("pattern", "{}"),
+    ("context_len", "{}"),
+    ("num_draft_tokens", "{}"),
+    ("concurrency", "{}"),
+    ("p50_ms", "{:.2f}"),
+    ("p90_ms", "{:.2f}"),
+    ("p99_ms", "{:.2f}"),
+    ("mean_ms", "{:.2f}"),
+    ("throughput_rps", "{:.1f}"),
+    ("floor_fraction", "{:.1%}"),
+    ("speedup_vs_hf_generate", "{:.1f}x"),
+]
+HEADERS = {"context_len": "ctx", "num_draft_tokens": "k", "concurrency": "c", "throughput_rps": "req/s",
+           "floor_fraction": "of floor", "speedup_vs_hf_generate": "vs hf-generate"}  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    """A Markdown table (it reads on a terminal and pastes into bench/README.md)."""
+    names = [HEADERS.get(name, name) for name, _ in COLUMNS]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for row in rows:
+        cells = [fmt.format(row[name]) if name in row else "" for name, fmt in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """p50 latency vs context length, one line per variant and pattern, for single-client rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on a server
+    import matplotlib.pyplot as plt
+
+    single = [r for r in rows if r["concurrency"] == 1]
+    k = max(
+        {r["num_draft_tokens"] for r in single}, key=lambda k: sum(r["num_draft_tokens"] == k for r in single)
+    )
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for variant in dict.fromkeys(r["variant"] for r in single):
+        for pattern, style in (("growing", "-"), ("cold", "--")):
+            points = sorted(
+                (r["context_len"], r["p50_ms"])
+                for r in single
+                if r["variant"] == variant and r["pattern"] == pattern and r["num_draft_tokens"] == k
+            )
+            if len(points) > 1:
+                xs, ys = zip(*points, strict=True)
+                axes.plot(xs, ys, style, marker="o", label=f"{variant} ({pattern})")
+    axes.set(
+        xscale="log",
+        yscale="log",
+        xlabel="context length (tokens)",
+        ylabel=f"p50 latency of a {k}-token draft (ms)",
+    )
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,88 @@
+"""How one benchmark case is driven, returning per-call latencies in seconds (warmup calls excluded).
+
+In-process variants run in lockstep rounds: each round drafts one call of every conversation in a single
+`draft_batch` (the engine's batching, without the server), so every request of a round waits the round's
+time. Over HTTP each conversation is an independent client posting its next call as soon as the last one
+returned, which is what concurrent target workers do; latency is measured at the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+import orjson
+
+from bench.workload import Conversation
+from engine.requests import DraftRequest
+
+DraftRound = Callable[[list[list[int]], int], list[list[int]]]  # contexts, k -> drafts
+
+
+def run_lockstep(
+    draft_round: DraftRound, conversations: list[Conversation], k: int, calls: int
+) -> list[float]:
+    latencies = []
+    for call in range(calls + 1):  # call 0 is the conversations' unmeasured join
+        contexts = [c.context() for c in conversations]
+        start = time.perf_counter()
+        drafts = draft_round(contexts, k)
+        elapsed = time.perf_counter() - start
+        if call:
+            latencies.extend([elapsed] * len(conversations))
+        for conversation, draft in zip(conversations, drafts, strict=True):
+            conversation.accept(draft)
+    return latencies
+
+
+def engine_round(engine, tag: str) -> DraftRound:
+    def draft_round(contexts: list[list[int]], k: int) -> list[list[int]]:
+        requests = [DraftRequest(c, k, f"{tag}-{i}") for i, c in enumerate(contexts)]
+        return [result.tokens for result in engine.draft_batch(requests)]
+
+    return draft_round
+
+
+def sequential_round(drafters: list) -> DraftRound:
+    """Baselines serve one request at a time: one drafter (and cache) per conversation, in turn."""
+
+    def draft_round(contexts: list[list[int]], k: int) -> list[list[int]]:
+        return [d.draft(c, k) for d, c in zip(drafters, contexts, strict=True)]
+
+    return draft_round
+
+
+class HTTPError(RuntimeError):
+    """The server refused a benchmark request; the benchmark stops instead of timing errors."""
+
+
+def run_http(
+    url: str, conversations: list[Conversation], k: int, calls: int, headers: dict, tag: str
+) -> list[float]:
+    return asyncio.run(_run_http(url, conversations, k, calls, headers, tag))
+
+
+async def _run_http(url, conversations, k, calls, headers, tag) -> list[float]:
+    limits = httpx.Limits(max_connections=len(conversations), max_keepalive_connections=len(conversations))
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=120) as client:
+        per_client = await asyncio.gather(
+            *(_client(client, c, k, calls, f"{tag}-{i}") for i, c in enumerate(conversations))
+        )
+    return [latency for latencies in per_client for latency in latencies]
+
+
+async def _client(client: httpx.AsyncClient, conversation: Conversation, k: int, calls: int, session: str):
+    latencies = []
+    for call in range(calls + 1):
+        body = orjson.dumps({"tokens": conversation.context(), "num_draft_tokens": k, "session": session})
+        start = time.perf_counter()
+        response = await client.post("/draft", content=body, headers={"Content-Type": "application/json"})
+        elapsed = time.perf_counter() - start
+        if response.status_code != 200:
+            raise HTTPError(f"POST /draft answered {response.status_code}: {response.text}")
+        if call:
+            latencies.append(elapsed)
+        conversation.accept(orjson.loads(response.content)["tokens"])
+    return latencies

@@ -7,7 +7,6 @@ bounds the activation memory of one pass whatever the context length.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +26,6 @@ def prefill(
     model: Qwen3,
     rows: list[PrefillRow],
     chunk: int,
-    kv_span: Callable[[int], int],  # smallest attention span covering positions < n
     scratch_slot: int,
     rope,
     cache,
@@ -62,7 +60,7 @@ def prefill(
             to_device(positions),
             to_device(write_slots),
             to_device(read_slots),
-            kv_span(end),
+            end,  # prefill is always eager: attend over exactly the positions written so far
             rope,
             cache,
         )

@@ -149,7 +149,10 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
     if name == "http":
         server = None
         if not args.url:
-            server = BenchServer([
+            # As many torch threads as the in-process variants, so http minus eager is the HTTP path's cost
+            # (the server's own default leaves one core to HTTP; on a 2-core machine that halves compute).
+            threads = [f"--num-threads={torch.get_num_threads()}"] if args.device == "cpu" else []
+            server = BenchServer([*threads,
                 f"--model={args.model}", f"--device={args.device}", f"--dtype={args.dtype}",
                 f"--max-seq-len={sizes['max_seq_len']}", f"--max-batch-size={max(args.concurrency)}",
                 f"--max-slots={max(args.concurrency)}", f"--max-draft-tokens={max(args.draft_lengths)}",

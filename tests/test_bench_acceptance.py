@@ -1,0 +1,213 @@
+"""The speculative loop against scripted drafters, and `python bench/acceptance.py` against real drafter
+servers: with the target's own weights as the drafter every draft is accepted, with an FP8 export of them
+some are not, and either way the output is exactly transformers' greedy generate (lossless). Bad input
+exits 2 with one line saying why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import bench.acceptance
+from bench.acceptance import main, random_prompts
+from bench.speculative import Stats, speculative_greedy, target_greedy
+from export.__main__ import main as export_main
+from tests.oracle import hf_greedy, make_hf_model
+from tests.server_process import REPO, ServerProcess
+
+MODEL = "gqa4-tied-odd"  # tied embeddings, like the Qwen3-0.6B drafter
+VOCAB_SIZE = 997
+SERVER_ARGS = ["--device=cpu", "--dtype=float32", "--no-compile", "--max-seq-len=512"]
+
+
+@pytest.fixture(scope="module")
+def target(hf_checkpoint):
+    return hf_checkpoint(MODEL)
+
+
+@pytest.fixture(scope="module")
+def urls(target, tmp_path_factory):
+    """{"same": a server of the target's own weights, "fp8": one of their FP8 export}, started together."""
+    _, directory = target
+    fp8 = tmp_path_factory.mktemp("fp8") / "export"
+    assert export_main([str(directory), str(fp8)]) == 0
+    servers = {
+        name: ServerProcess(["--model", str(path), *SERVER_ARGS])
+        for name, path in (("same", directory), ("fp8", fp8))
+    }
+    try:
+        yield {name: server.wait_ready() for name, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+def scripted_drafter(prompt: list[int], truth: list[int], wrong_at: int | None = None):
+    """Drafts `truth` (the greedy continuation of `prompt`) from where the context has got to, with draft
+    position `wrong_at`, if given, always wrong."""
+
+    def draft(context: list[int], k: int) -> list[int]:
+        assert context[: len(prompt)] == prompt
+        drafts = truth[len(context) - len(prompt) :][:k]
+        if wrong_at is not None and wrong_at < len(drafts):
+            drafts[wrong_at] = (drafts[wrong_at] + 1) % VOCAB_SIZE
+        return drafts
+
+    return draft
+
+
+def test_speculative_counts_rounds_and_positions(target):
+    model, _ = target
+    prompt = list(range(10, 30))
+    truth = hf_greedy(model, prompt, 25)
+    stats = Stats(num_draft_tokens=5)
+    # Draft 3 is always wrong, so every round keeps 3 drafts + the target's own token: 20 tokens in 5 rounds,
+    # the last with k clipped to 3 (positions 3 and 4 drafted in only 4 rounds).
+    out = speculative_greedy(model, scripted_drafter(prompt, truth, wrong_at=3), prompt, 20, 5, stats)
+    assert out == truth[:20]
+    assert stats.num_rounds == 5 and stats.mean_accepted_tokens == 4
+    assert stats.drafted == [5, 5, 5, 4, 4] and stats.accepted == [5, 5, 5, 0, 0]
+    assert stats.acceptance_by_position == [1, 1, 1, 0, 0] and len(stats.draft_call_ms) == 5
+
+
+@pytest.mark.parametrize("stop_at_eos", [False, True])
+def test_speculative_eos_as_generate_treats_it(stop_at_eos):
+    model = make_hf_model(MODEL)  # its own copy: this test gives it an EOS token
+    prompt = list(range(50, 90))
+    truth = hf_greedy(model, prompt, 40)  # what a drafter that knows nothing of EOS drafts
+    eos = model.generation_config.eos_token_id = truth[9]
+    out = speculative_greedy(model, scripted_drafter(prompt, truth), prompt, 30, 8, Stats(8), stop_at_eos)
+    assert out == target_greedy(model, prompt, 30, stop_at_eos)
+    if stop_at_eos:
+        assert out == truth[: truth.index(eos) + 1]
+    else:  # min_new_tokens masks EOS out of generate's argmax, and the verify pass does the same
+        assert len(out) == 30 and eos not in out
+
+
+def prompts_file(path) -> tuple[str, list[list[int]]]:
+    """A JSONL file with both accepted forms of token ids, and the prompts it holds."""
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB_SIZE, (n,), generator=generator).tolist() for n in (1, 37, 150)]
+    lines = [
+        json.dumps({"tokens": prompts[0]}),
+        json.dumps(prompts[1]),
+        "",
+        json.dumps({"tokens": prompts[2]}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path), prompts
+
+
+def run(target, url, tmp_path, *args) -> tuple[int, dict]:
+    _, directory = target
+    out = tmp_path / "report.json"
+    code = main(["--target", str(directory), "--url", url, "--device", "cpu", "--json", str(out), *args])
+    return code, json.loads(out.read_text())
+
+
+def test_acceptance_own_weights_accept_every_draft(target, urls, tmp_path):
+    model, _ = target
+    path, prompts = prompts_file(tmp_path / "prompts.jsonl")
+    code, report = run(
+        target, urls["same"], tmp_path, "--prompts", path, "--max-new-tokens=45", "--num-draft-tokens=8"
+    )
+    assert code == 0
+    assert report["outputs"] == [hf_greedy(model, prompt, 45) for prompt in prompts]
+    assert report["target_only_outputs"] == report["outputs"] and report["lossless"]
+    assert report["mean_accepted_tokens"] == 9 and report["acceptance_by_position"] == [1.0] * 8
+    assert report["rounds"] == 5 * len(prompts)  # 45 = 5 rounds of 8 drafts + the target's own token
+    assert report["config"]["num_prompts"] == 3 and report["draft_call_ms"]["p50"] > 0
+
+
+def test_acceptance_counts_clipped_final_rounds(target, urls, tmp_path):
+    # 30 new tokens with k = 8: three full rounds of 9, then one of k = 2 drafts + the target's token.
+    code, report = run(target, urls["same"], tmp_path, "--max-new-tokens=30", "--num-draft-tokens=8")
+    assert code == 0 and report["lossless"] and all(len(out) == 30 for out in report["outputs"])
+    assert report["rounds"] == 4 * 4 and report["mean_accepted_tokens"] == 30 / 4
+    assert report["acceptance_by_position"] == [1.0] * 8  # position i counts only rounds that drafted it
+
+
+def test_acceptance_fp8_drafter_stays_lossless(target, urls, tmp_path, capsys):
+    model, _ = target
+    code, report = run(target, urls["fp8"], tmp_path, "--max-new-tokens=64", "--num-draft-tokens=8")
+    assert code == 0 and report["lossless"]
+    assert report["outputs"] == [hf_greedy(model, p, 64) for p in random_prompts(VOCAB_SIZE, max_len=449)]
+    assert 1 <= report["mean_accepted_tokens"] <= 9
+    assert len(report["acceptance_by_position"]) == 8
+    assert all(0 <= a <= 1 for a in report["acceptance_by_position"])
+    with capsys.disabled():
+        print(
+            f"\nFP8 drafter of {MODEL}: mean accepted tokens {report['mean_accepted_tokens']:.2f}, "
+            f"acceptance by position {[round(a, 3) for a in report['acceptance_by_position']]}, "
+            f"speedup {report['speedup']:.2f}x over {report['rounds']} rounds"
+        )
+
+
+def test_acceptance_tokenizes_text_prompts_with_the_targets_tokenizer(target, urls, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model, directory = target
+    with_tokenizer = tmp_path / "target"
+    shutil.copytree(directory, with_tokenizer)
+    words = Tokenizer(models.WordLevel({"?": 0, "the": 1, "cat": 2, "sat": 3}, unk_token="?"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="?").save_pretrained(with_tokenizer)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"text": "the cat sat"}\n')
+    code, report = run(
+        (model, with_tokenizer), urls["same"], tmp_path, "--prompts", str(path), "--max-new-tokens=9"
+    )
+    assert code == 0 and report["outputs"] == [hf_greedy(model, [1, 2, 3], 9)]
+
+
+def test_acceptance_exits_1_when_not_lossless(target, urls, tmp_path, monkeypatch):
+    def off_by_one_at_5(model, prompt, max_new_tokens, stop_at_eos):
+        out = target_greedy(model, prompt, max_new_tokens, stop_at_eos)
+        return out[:5] + [(out[5] + 1) % VOCAB_SIZE] + out[6:]
+
+    monkeypatch.setattr(bench.acceptance, "target_greedy", off_by_one_at_5)
+    code, report = run(target, urls["same"], tmp_path, "--max-new-tokens=9")
+    assert code == 1 and not report["lossless"] and report["first_mismatch"] == [5] * 4
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"tokens": [1, 2, 997]}', "line 2: token id 997 is outside the target's vocabulary [0, 997)"),
+        ('{"tokens": [1, 2', "line 2: not valid JSON"),
+        ('{"text": "hello"}', "line 2: a text prompt needs a tokenizer"),
+        ("[1, true]", "line 2: token ids must be a non-empty list of integers"),
+    ],
+)
+def test_acceptance_bad_prompts_exit_2(target, urls, tmp_path, capsys, line, message):
+    _, directory = target
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(f"[1, 2, 3]\n{line}\n")
+    assert main(["--target", str(directory), "--url", urls["same"], "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err, err
+
+
+def test_acceptance_unreachable_server_exits_2(target):
+    _, directory = target
+    with socket.socket() as probe:  # a port nobody listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        sys.executable,
+        "bench/acceptance.py",
+        "--target",
+        str(directory),
+        "--url",
+        f"http://127.0.0.1:{port}",
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "cannot reach the drafter" in done.stderr and "Traceback" not in done.stderr, done.stderr

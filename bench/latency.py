@@ -133,7 +133,7 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
         compile_, graphs = ENGINE_VARIANTS[name]
         config = EngineConfig(
             device=args.device, dtype=args.dtype, max_seq_len=sizes["max_seq_len"],
-            max_slots=max(args.concurrency), max_batch_size=max(args.concurrency),
+            max_batch_size=max(args.concurrency),
             max_draft_tokens=max(args.draft_lengths), compile=compile_, cuda_graphs=graphs,
             batch_buckets=tuple(args.concurrency),
         )  # fmt: skip
@@ -155,7 +155,7 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
             server = BenchServer([*threads,
                 f"--model={args.model}", f"--device={args.device}", f"--dtype={args.dtype}",
                 f"--max-seq-len={sizes['max_seq_len']}", f"--max-batch-size={max(args.concurrency)}",
-                f"--max-slots={max(args.concurrency)}", f"--max-draft-tokens={max(args.draft_lengths)}",
+                f"--max-draft-tokens={max(args.draft_lengths)}",
                 f"--max-queue={4 * max(args.concurrency)}", "--request-timeout-s=120",
             ]).__enter__()  # fmt: skip
         url = args.url or server.url

@@ -36,7 +36,11 @@ OPTIONS: dict[str, tuple] = {
     "dtype": (str, "bfloat16 or float32 [bfloat16 on CUDA, float32 on CPU]"),
     "max-seq-len": (int, "longest context + draft accepted [4096]"),
     "max-batch-size": (int, "requests drafted in one decode loop [8]"),
-    "max-slots": (int, "conversations whose KV cache is kept (>= max batch size) [16]"),
+    "kv-cache-gb": (
+        float,
+        "KV-cache page pool budget in GiB; LRU conversations are evicted past it [8 on CUDA, 1 on CPU]",
+    ),
+    "attention": (str, "sdpa or flex: how decode attention reads the pages [flex on CUDA, sdpa on CPU]"),
     "max-draft-tokens": (int, "largest num_draft_tokens accepted [16]"),
     "max-queue": (int, "requests that may wait for the engine; beyond it, 429 [128]"),
     "batch-window-ms": (float, "how long an idle engine waits to batch a request with others [0.2]"),
@@ -112,6 +116,8 @@ def config_from_args(
     if on_cuda and not cuda_available():
         raise UsageError("--device cuda was asked for, but no CUDA device is available")
     settings.setdefault("dtype", "bfloat16" if on_cuda else "float32")
+    # FlexAttention reads pages in place on the GPU; eagerly on the CPU it scores the whole pool.
+    settings.setdefault("attention", "flex" if on_cuda else "sdpa")
     # torch.compile on CPU costs ~15 s per shape at startup for little gain on the tiny preset.
     settings.setdefault("compile", on_cuda)
     settings.setdefault("cuda_graphs", on_cuda)

@@ -30,7 +30,8 @@ class ServerConfig:
     dtype: str = "float32"
     max_seq_len: int = 4096
     max_batch_size: int = 8
-    max_slots: int = 16
+    kv_cache_gb: float | None = None  # None: the engine's default for the device
+    attention: str = "sdpa"
     max_draft_tokens: int = 16
     max_queue: int = 128  # requests waiting for the engine; beyond it, 429 at once
     batch_window_ms: float = 0.2  # how long an idle engine waits for a first request's companions
@@ -70,7 +71,8 @@ class ServerConfig:
             device=self.device,
             dtype=self.dtype,
             max_seq_len=self.max_seq_len,
-            max_slots=self.max_slots,
+            kv_cache_gb=self.kv_cache_gb,
+            attention=self.attention,
             max_batch_size=self.max_batch_size,
             max_draft_tokens=self.max_draft_tokens,
             compile=self.compile,

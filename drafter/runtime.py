@@ -81,6 +81,7 @@ class Runtime:
             self.fatal.set()
             return
         self.engine = engine
+        self.metrics.watch_cache(engine)
         self.limits = Limits(
             vocab_size=engine.loaded.config.vocab_size,
             max_seq_len=config.max_seq_len,

@@ -25,7 +25,7 @@ SERVERS: StashKey[dict] = StashKey()
 
 # The server most tests share: the tiny preset on CPU, small enough contexts to draft in milliseconds, a
 # queue deep enough for the 64-client test, and a window wide enough that concurrent clients batch.
-MAIN_SIZES = dict(max_seq_len=512, max_batch_size=8, max_slots=16, max_draft_tokens=16)
+MAIN_SIZES = dict(max_seq_len=512, max_batch_size=8, max_draft_tokens=16)
 MAIN_ARGS = [
     *(f"--{name.replace('_', '-')}={value}" for name, value in MAIN_SIZES.items()),
     "--max-queue=256",

@@ -16,10 +16,10 @@ from engine.fp8 import FP8_DTYPE, LINEAR_NAMES, FP8Linear, quantization_from_con
 from engine.presets import PRESETS, preset_state_dict
 from export.__main__ import run_export
 from export.quantize import fp8_parts, weight_config
-from tests.oracle import hf_greedy
+from tests.oracle import fresh_forward, hf_greedy
 
 MODES = ("weight-only", "dynamic")
-ENGINE = EngineConfig(max_seq_len=128, max_slots=2, max_batch_size=1, max_draft_tokens=8)
+ENGINE = EngineConfig(max_seq_len=128, max_batch_size=1, max_draft_tokens=8)
 FP8_RELATIVE_STEP = 2.0**-4  # half an ulp of e4m3's 3-bit mantissa, relative to the value
 FP8_SUBNORMAL_HALF_STEP = 2.0**-10  # half the spacing of e4m3 subnormals, in units of the scale
 
@@ -180,18 +180,8 @@ def test_export_engine_keeps_fp8_weights_at_one_byte(exported, mode):
 @torch.no_grad()
 def teacher_forced_logits(engine: Engine, context: list[int]) -> torch.Tensor:
     """The engine model's logits [len, vocab] after every prefix of `context`, in one forward pass over the
-    scratch slot (the same modules and cache a draft runs through)."""
-    length, slot = len(context), engine.cache.scratch_slot
-    hidden = engine.model(
-        torch.tensor([context]),
-        torch.arange(length)[None],
-        torch.full((1, length), slot),
-        torch.tensor([slot]),
-        engine.kv_span(length),
-        engine.rope,
-        engine.cache.tensors,
-    )
-    return engine.model.logits(hidden[0])
+    fresh pages (the same modules and pool a draft runs through)."""
+    return engine.model.logits(fresh_forward(engine, context)[0])
 
 
 def teacher_forced_argmax(engine: Engine, context: list[int]) -> torch.Tensor:  # [len]

@@ -50,7 +50,8 @@ def test_cli_api_key_is_never_in_the_config_repr():
 BAD_SETTINGS = {
     # name: (argv, environment, words in the one error line)
     "batch size zero": (["--max-batch-size", "0"], {}, "max_batch_size"),
-    "batch above slots": (["--max-batch-size", "32", "--max-slots", "8"], {}, "max_slots"),
+    "unknown attention": (["--attention", "paged"], {}, "attention"),
+    "budget not positive": (["--kv-cache-gb", "0"], {}, "kv_cache_gb"),
     "port not a number": (["--port", "eighty"], {}, "--port"),
     "variable not a number": ([], {"DRAFTER_MAX_QUEUE": "many"}, "DRAFTER_MAX_QUEUE"),
     "missing model dir": (["--model", "/nonexistent/qwen3"], {}, "does not exist"),

@@ -67,7 +67,10 @@ class FlexReads:
         batch, seq = query_positions.shape
         last = query_positions.max(dim=1).values  # [B]
         kv_num_blocks = (last // page_size + 1).to(torch.int32).view(batch, 1, 1)
-        kv_indices = page_table.to(torch.int32).view(batch, 1, 1, -1)
+        # Compiled flex wants a block mask as wide as the keys (the whole pool), as torch's PagedAttention
+        # builds it; the entries past kv_num_blocks are never visited.
+        width = pool_len // page_size - page_table.shape[1]
+        kv_indices = F.pad(page_table, (0, width)).to(torch.int32).view(batch, 1, 1, -1)
 
         def mask_mod(b, h, q_idx, kv_idx):
             logical = physical_to_logical[b, kv_idx // page_size]

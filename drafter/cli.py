@@ -42,6 +42,7 @@ OPTIONS: dict[str, tuple] = {
     "batch-window-ms": (float, "how long an idle engine waits to batch a request with others [0.2]"),
     "request-timeout-s": (float, "a request still queued after this is dropped with 504 [1.0]"),
     "drain-timeout-s": (float, "on SIGTERM, how long in-flight requests may take to finish [30]"),
+    "body-timeout-s": (float, "a /draft body still incomplete after this is refused with 408 [10]"),
     "num-threads": (int, "torch CPU threads [on CPU: cores - 1, leaving one to the HTTP side]"),
     "api-key": (str, "bearer token required on /draft, /info and /metrics [none: open]"),
     "log-level": (str, f"one of {', '.join(LOG_LEVELS)} [info]"),

@@ -16,15 +16,19 @@ __all__ = ["REPO", "ServerProcess", "shared_server", "metric_value", "draft_body
 SERVERS: StashKey[dict] = StashKey()
 
 # The server most tests share: the tiny preset on CPU, small enough contexts to draft in milliseconds, a
-# queue deep enough for the 64-client test, and a window wide enough that concurrent clients batch.
+# queue deep enough for the 64-client test, a window wide enough that concurrent clients batch, and a body
+# deadline short enough for a test to wait it out.
 MAIN_SIZES = dict(max_seq_len=512, max_batch_size=8, max_slots=16, max_draft_tokens=16)
+BODY_TIMEOUT_S = 2.0
 MAIN_ARGS = [
     *(f"--{name.replace('_', '-')}={value}" for name, value in MAIN_SIZES.items()),
     "--max-queue=256",
     "--batch-window-ms=1",
     "--request-timeout-s=30",
+    f"--body-timeout-s={BODY_TIMEOUT_S}",
     "--device=cpu",
 ]
+MAX_BODY_BYTES = 16 * MAIN_SIZES["max_seq_len"] + 4096  # ServerConfig.max_body_bytes
 
 
 def shared_server(config, args: list[str]) -> ServerProcess:

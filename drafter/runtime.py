@@ -71,8 +71,8 @@ class Runtime:
             )
             if engine.loaded.is_random_preset:
                 log.warning(
-                    "serving the %r preset: its weights are RANDOM, its drafts are meaningless "
-                    "(pass --model DIR to serve a real checkpoint)",
+                    "serving %r, whose weights are RANDOM (a preset, or an export of one): its drafts "
+                    "are meaningless (pass --model DIR to serve a real checkpoint)",
                     config.model,
                 )
             snapshot = await self.engine_thread.run(engine.warmup)

@@ -1,5 +1,5 @@
 """The checkpoint `python -m export` writes: exactly the expected tensors, a config.json compressed-tensors
-parses, and a report of what was measured."""
+parses (and that says when the weights are random), and a report of what was measured."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import json
 import pytest
 import torch
 
+from engine.engine import Engine
 from engine.fp8 import FP8_DTYPE, LINEAR_NAMES, quantization_from_config
+from engine.loader import RANDOM_WEIGHTS_KEY
 from engine.presets import PRESETS
-from tests.export_helpers import MODES, read_file
+from tests.export_helpers import ENGINE, MODES, read_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,3 +87,15 @@ def test_export_report_says_what_was_measured(exported):
     assert report["logits"]["num_positions"] == 4 * 32
     sizes = report["size_bytes"]
     assert sizes["after"] == (directory / "model.safetensors").stat().st_size < sizes["before"]
+
+
+def test_export_of_a_preset_says_its_weights_are_random(exported, hf_checkpoint, tmp_path):
+    from export.__main__ import run_export
+
+    directory, _ = exported["weight-only"]
+    assert json.loads((directory / "config.json").read_text())[RANDOM_WEIGHTS_KEY] is True
+    assert Engine.load(str(directory), ENGINE).info()["random_weights"] is True
+    _, real = hf_checkpoint("gqa2-untied")  # random too, but nothing says so: we cannot know
+    run_export(str(real), tmp_path / "fp8")
+    assert RANDOM_WEIGHTS_KEY not in json.loads((tmp_path / "fp8" / "config.json").read_text())
+    assert Engine.load(str(tmp_path / "fp8"), ENGINE).info()["random_weights"] is False

@@ -1,7 +1,7 @@
 """What an adversarial HTTP/1.1 client does to a real server: a body that never finishes gets 408 at the
 body deadline, a client hanging up mid-body is counted as disconnected (no 5xx, no traceback), a trailing
-slash is a JSON 404 (no redirect built from the Host header), and SIGTERM is prompt and quiet while clients
-hold idle or half-sent connections."""
+slash is a JSON 404 (no redirect built from the Host header), malformed framing is refused below the app
+without harm, and SIGTERM is prompt and quiet while clients hold idle or half-sent connections."""
 
 from __future__ import annotations
 
@@ -96,6 +96,31 @@ def test_trailing_slash_is_a_json_404_without_redirect(server, path):
     assert "location" not in response.headers
     assert response.json()["error"]["type"] == "not_found"
     assert "attacker" not in response.text
+
+
+FRAMING_ERRORS = {
+    # Hypercorn answers these itself, before the app sees a request: empty bodies, no hook to shape them.
+    "no request line": (b"GARBAGE\r\n\r\n", 400),
+    "header without colon": (b"GET /health/live HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
+    "bad chunk size": (
+        PARTIAL_HEAD.replace(b"Content-Length: 100", b"Transfer-Encoding: chunked") + b"ZZ\r\n",
+        400,
+    ),
+    # past h11's 16 KiB limit on a head still incomplete (one that arrives whole in a single read passes)
+    "oversized headers": (b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000, 431),
+}
+
+
+@pytest.mark.parametrize("name", FRAMING_ERRORS)
+def test_malformed_framing_is_refused_and_the_server_keeps_serving(server, name):
+    raw, status = FRAMING_ERRORS[name]
+    log_before = len(server.log)
+    with connect(server.url) as sock:
+        sock.sendall(raw)
+        assert read_response(sock)[0] == status
+        assert sock.recv(1) == b""  # and the connection is closed
+    assert httpx.post(f"{server.url}/draft", json={"tokens": [1, 2, 3]}).status_code == 200
+    assert "Traceback" not in server.log[log_before:]
 
 
 def test_sigterm_is_prompt_and_quiet_with_idle_and_half_sent_connections():

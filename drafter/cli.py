@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -46,8 +47,13 @@ OPTIONS: dict[str, tuple] = {
     "batch-window-ms": (float, "how long an idle engine waits to batch a request with others [0.2]"),
     "request-timeout-s": (float, "a request still queued after this is dropped with 504 [1.0]"),
     "drain-timeout-s": (float, "on SIGTERM, how long in-flight requests may take to finish [30]"),
+    "body-timeout-s": (float, "a /draft body still incomplete after this is refused with 408 [10]"),
     "num-threads": (int, "torch CPU threads [on CPU: cores - 1, leaving one to the HTTP side]"),
-    "api-key": (str, "bearer token required on /draft, /info and /metrics [none: open]"),
+    "api-key": (
+        str,
+        "bearer token required on /draft, /info and /metrics [none: open]; prefer the variable, "
+        "since a flag's value shows in ps and shell history",
+    ),
     "log-level": (str, f"one of {', '.join(LOG_LEVELS)} [info]"),
 }
 SWITCHES = {
@@ -97,8 +103,26 @@ def read_settings(argv: Sequence[str], environ: Mapping[str, str]) -> dict:
             try:
                 settings[key] = kind(environ[env_name(name)])
             except ValueError as error:
-                raise UsageError(f"{env_name(name)}={environ[env_name(name)]!r}: {error}") from None
+                expected = EXPECTED.get(kind, str(error))
+                raise UsageError(f"{env_name(name)} (or --{name}) must be {expected}") from None
     return settings
+
+
+EXPECTED = {
+    int: "an integer",
+    float: "a number",
+    boolean: f"one of {', '.join(sorted(TRUE_WORDS | FALSE_WORDS))}",
+}
+
+
+def in_flag_words(message: str) -> str:
+    """Config errors name dataclass fields (`cuda_graphs`); the user typed flags (`--cuda-graphs`). One-word
+    names (port, device) are common words too, so they are replaced only where they open the message."""
+    for name in [*OPTIONS, *SWITCHES]:
+        field_name = name.replace("-", "_")
+        where = rf"\b{field_name}\b" if "-" in name else rf"^{field_name}\b"
+        message = re.sub(where, f"--{name}", message)
+    return message
 
 
 def config_from_args(
@@ -127,7 +151,10 @@ def config_from_args(
         settings.setdefault("num_threads", max(1, (os.cpu_count() or 2) - 1))
     if settings.get("log_level"):
         settings["log_level"] = settings["log_level"].lower()
-    return ServerConfig(**settings)
+    try:
+        return ServerConfig(**settings)
+    except ValueError as error:  # ServerConfigError and the engine's ConfigError
+        raise UsageError(f"bad configuration: {in_flag_words(str(error))}") from None
 
 
 def cuda_available() -> bool:

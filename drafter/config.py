@@ -42,6 +42,7 @@ class ServerConfig:
     log_level: str = "info"
     drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may take to finish
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    body_timeout_s: float = 10.0  # a /draft body not fully received after this is refused (408)
 
     def __post_init__(self):
         if not self.model:
@@ -56,6 +57,8 @@ class ServerConfig:
             raise ServerConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         if not self.drain_timeout_s > 0:
             raise ServerConfigError(f"drain_timeout_s must be positive, got {self.drain_timeout_s}")
+        if not self.body_timeout_s > 0:
+            raise ServerConfigError(f"body_timeout_s must be positive, got {self.body_timeout_s}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ServerConfigError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.log_level not in LOG_LEVELS:

@@ -6,6 +6,7 @@ exits 2 with one line saying why."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -208,6 +209,7 @@ def test_acceptance_unreachable_server_exits_2(target):
         "--url",
         f"http://127.0.0.1:{port}",
     ]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's `bench`, not an installed copy
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "cannot reach the drafter" in done.stderr and "Traceback" not in done.stderr, done.stderr

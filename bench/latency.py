@@ -60,7 +60,10 @@ def parse_args(argv):
     )
     parser.add_argument("--api-key", help="bearer token for --url")
     parser.add_argument("--variants", help=f"comma-separated, of {', '.join(VARIANTS)}")
-    parser.add_argument("--patterns", default=",".join(PATTERNS), help="growing, cold or both")
+    parser.add_argument(
+        "--patterns", default=",".join(PATTERNS), help="growing, cold, shared (comma-separated)"
+    )
+    parser.add_argument("--attention", help="sdpa or flex for our variants [flex on CUDA, sdpa on CPU]")
     parser.add_argument("--contexts", type=ints, help="context lengths to sweep")
     parser.add_argument("--draft-lengths", type=ints, help="num_draft_tokens to sweep")
     parser.add_argument("--concurrency", type=ints, help="clients to sweep")
@@ -81,6 +84,7 @@ def parse_args(argv):
             parser.error("on CUDA pass --model DIR, e.g. an export: python -m export Qwen/Qwen3-0.6B DIR")
         args.model = "bench-cpu"
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    args.attention = args.attention or ("flex" if args.device.startswith("cuda") else "sdpa")
     default = ["eager", "http", "hf-generate", "hf-reuse"]
     if args.device.startswith("cuda"):
         default[1:1] = ["compiled", "graphs"]
@@ -92,7 +96,7 @@ def parse_args(argv):
     if "graphs" in args.variants and not args.device.startswith("cuda"):
         parser.error("the graphs variant needs a CUDA device")
     if any(p not in PATTERNS for p in args.patterns):
-        parser.error(f"--patterns takes {' and '.join(PATTERNS)}")
+        parser.error(f"--patterns takes {', '.join(PATTERNS)}")
     return args
 
 
@@ -112,6 +116,8 @@ def sweep_cases(args) -> list[dict]:
 
 
 def applies(variant: str, case: dict) -> bool:
+    if case["pattern"] == "shared" and case["concurrency"] == 1:
+        return False  # one client has no one to share with: that is `cold`
     if variant.startswith("hf-"):  # baselines serve one request at a time; reuse only matters when growing
         return case["concurrency"] == 1 and (variant == "hf-generate" or case["pattern"] == "growing")
     return True
@@ -121,7 +127,7 @@ def conversations(case: dict, vocab_size: int, seed: int) -> list[Conversation]:
     # crc32, not hash(): str hashes change between processes, and runs must be reproducible.
     base = seed * 1_000_003 + zlib.crc32(repr(sorted(case.items())).encode())
     return [
-        Conversation(case["pattern"], case["context_len"], vocab_size, base + i)
+        Conversation(case["pattern"], case["context_len"], vocab_size, base + i, prompt_seed=base)
         for i in range(case["concurrency"])
     ]
 
@@ -135,6 +141,7 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
             device=args.device, dtype=args.dtype, max_seq_len=sizes["max_seq_len"],
             max_batch_size=max(args.concurrency),
             max_draft_tokens=max(args.draft_lengths), compile=compile_, cuda_graphs=graphs,
+            attention=args.attention,
             batch_buckets=tuple(args.concurrency),
         )  # fmt: skip
         engine = Engine.load(args.model, config)
@@ -155,7 +162,7 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
             server = ServerProcess([*threads,
                 f"--model={args.model}", f"--device={args.device}", f"--dtype={args.dtype}",
                 f"--max-seq-len={sizes['max_seq_len']}", f"--max-batch-size={max(args.concurrency)}",
-                f"--max-draft-tokens={max(args.draft_lengths)}",
+                f"--attention={args.attention}", f"--max-draft-tokens={max(args.draft_lengths)}",
                 f"--max-queue={4 * max(args.concurrency)}", "--request-timeout-s=120",
             ], timeout_s=900).__enter__()  # fmt: skip
         url = args.url or server.url
@@ -206,7 +213,18 @@ def main(argv=None) -> int:
                         weights, kv_per_position, bandwidth, case["context_len"], case["num_draft_tokens"],
                         case["concurrency"],
                     )  # fmt: skip
-                    rows.append(report.summarize({"variant": variant, **case}, run(case), floor))
+                    step = machine.step_bytes(
+                        weights,
+                        kv_per_position,
+                        case["context_len"],
+                        case["num_draft_tokens"],
+                        case["concurrency"],
+                    )
+                    rows.append(
+                        report.summarize(
+                            {"variant": variant, **case, "step_mb": step / 1e6}, run(case), floor
+                        )
+                    )
                     progress.update()
             finally:
                 close()

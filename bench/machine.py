@@ -84,10 +84,15 @@ def kv_bytes_per_position(config, element_size: int) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element_size
 
 
+def step_bytes(weights: int, kv_per_position: int, context_len: int, k: int, batch: int) -> float:
+    """Bytes the average decode step of a k-token draft must read: the weights once, and each of `batch`
+    conversations' keys and values at exactly its length (growing by one a step). Paged attention reads
+    exactly these; the old static-shape path read spans rounded up to a power of two, and a gathered copy."""
+    return weights + batch * (context_len + (k - 1) / 2) * kv_per_position
+
+
 def floor_ms(
     weights: int, kv_per_position: int, bandwidth: float, context_len: int, k: int, batch: int
 ) -> float:
-    """The fastest a k-token draft of `batch` conversations can be: per step, the weights once and each
-    conversation's cache (growing by one position a step)."""
-    positions = k * context_len + k * (k - 1) // 2
-    return (k * weights + batch * positions * kv_per_position) / bandwidth * 1e3
+    """The fastest a k-token draft of `batch` conversations can be: k steps at `step_bytes` each."""
+    return k * step_bytes(weights, kv_per_position, context_len, k, batch) / bandwidth * 1e3

@@ -45,11 +45,12 @@ COLUMNS = [
     ("p99_ms", "{:.2f}"),
     ("mean_ms", "{:.2f}"),
     ("throughput_rps", "{:.1f}"),
+    ("step_mb", "{:.1f}"),
     ("floor_fraction", "{:.1%}"),
     ("speedup_vs_hf_generate", "{:.1f}x"),
 ]
 HEADERS = {"context_len": "ctx", "num_draft_tokens": "k", "concurrency": "c", "throughput_rps": "req/s",
-           "floor_fraction": "of floor", "speedup_vs_hf_generate": "vs hf-generate"}  # fmt: skip
+           "step_mb": "MB/step", "floor_fraction": "of floor", "speedup_vs_hf_generate": "vs hf-generate"}  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:

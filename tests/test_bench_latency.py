@@ -22,7 +22,7 @@ from engine.presets import PRESETS, write_preset
 from tests.server_process import REPO
 
 RESULT_FIELDS = {"variant", "pattern", "context_len", "num_draft_tokens", "concurrency"}
-RESULT_FIELDS |= {"p50_ms", "p90_ms", "p99_ms", "mean_ms"}
+RESULT_FIELDS |= {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "step_mb"}
 
 
 def test_growing_context_extends_by_an_accepted_prefix_plus_one_target_token():
@@ -41,6 +41,14 @@ def test_cold_contexts_are_fresh_every_call():
     first = list(conversation.context())
     conversation.accept([1, 2])
     assert len(conversation.context()) == 64 and conversation.context()[:8] != first[:8]
+
+
+def test_shared_contexts_are_new_conversations_after_one_common_prompt():
+    a, b = (Conversation("shared", 64, vocab_size=1000, seed=s, prompt_seed=7) for s in (1, 2))
+    first = list(a.context())
+    assert a.context()[:48] == b.context()[:48] and a.context()[48:] != b.context()[48:]
+    a.accept([1, 2])
+    assert len(a.context()) == 64 and a.context()[:48] == first[:48] and a.context()[48:] != first[48:]
 
 
 def test_baselines_draft_what_the_engine_drafts_along_a_growing_conversation(tmp_path):
@@ -106,7 +114,9 @@ def test_script_writes_the_json_and_plot_of_its_contract(tmp_path):
     assert report["config"]["model"] == "tiny" and report["config"]["bandwidth_bytes_per_s"] > 0
     rows = report["results"]
     assert {r["variant"] for r in rows} == {"eager", "http", "hf-generate", "hf-reuse"}
-    assert {r["pattern"] for r in rows} == {"growing", "cold"}
+    assert {r["pattern"] for r in rows} == {"growing", "cold", "shared"}
+    assert all(r["concurrency"] > 1 for r in rows if r["pattern"] == "shared")
+    assert all(r["step_mb"] > 0 for r in rows)
     for row in rows:
         assert row.keys() >= RESULT_FIELDS
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]

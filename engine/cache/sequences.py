@@ -22,10 +22,13 @@ import numpy as np
 
 from engine.cache.allocator import PageAllocator
 from engine.cache.prefix_index import PrefixIndex
+from engine.requests import DraftError
 
 
-class CacheFull(Exception):
-    """The batch's pages do not fit beside the other requests of the same batch."""
+class CacheFull(DraftError):
+    """The batch's pages do not fit beside the other requests of the same batch. The engine then drafts the
+    batch in parts; one request always fits (the config guarantees it), so were it ever to reach the server
+    it is refused as a request, never taken for a device failure."""
 
 
 @dataclass(eq=False, slots=True)
@@ -87,14 +90,15 @@ class SequenceTable:
             kept, reuse = target.pages[: -(-own // size)], own
         else:
             kept, reuse = matched, len(matched) * size
-        if reuse % size and self.allocator.refs[kept[-1]] > (
-            1 if kept[-1] in (target.pages if target else ()) else 0
-        ):
-            kept, reuse = kept[:-1], reuse - reuse % size  # never write a page another sequence holds
+        # A partly reused page is the continued sequence's own (index matches are whole pages); it is
+        # written from `reuse` on, so only if no other sequence holds it too.
+        if reuse % size and self.allocator.refs[kept[-1]] > 1:
+            kept, reuse = kept[:-1], reuse - reuse % size
         sequence = target or Sequence(tokens[:0])
-        newly = [page for page in kept if page not in set(sequence.pages)]
+        had, keeping = set(sequence.pages), set(kept)
+        newly = [page for page in kept if page not in had]
         self.hold(newly)
-        self.release([page for page in sequence.pages if page not in set(kept)])
+        self.release([page for page in sequence.pages if page not in keeping])
         if reuse % size:
             self.index.forget(kept[-1])  # its unreused positions are about to be overwritten
         sequence.tokens, sequence.pages = tokens[:reuse].copy(), list(kept)

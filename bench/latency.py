@@ -1,6 +1,6 @@
 """Per-call draft latency of our engine and server, against transformers on the same weights, in one run.
 
-    python bench/latency.py --quick                      # tiny preset on CPU, 32 rows, 2-4 minutes
+    python bench/latency.py --quick                      # tiny preset on CPU, 34 rows, 2-4 minutes
     python bench/latency.py --model bench-cpu            # CPU-sized body, the real 151936-token vocabulary
     python bench/latency.py --model DIR                  # CUDA: an FP8 export of Qwen3-0.6B
 

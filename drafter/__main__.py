@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(argv)
         check_model_source(config.model)
         check_address(config.host, config.port)
+        if config.uds is not None:
+            check_socket_path(config.uds)
     except ValueError as error:  # UsageError, ServerConfigError, ConfigError and LoadError alike
         log.error("%s", error if isinstance(error, UsageError) else f"bad configuration: {error}")
         return 2
@@ -88,12 +90,34 @@ def check_address(host: str, port: int) -> None:
             raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
 
 
+def check_socket_path(path: str) -> None:
+    """A Unix socket path we may bind: free, or a stale socket left by a server that died (removed here).
+    A live server's socket, or a file that is not a socket, is refused in one line."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise UsageError(f"--uds {path!r}: its directory does not exist")
+    if not target.exists():
+        return
+    if not target.is_socket():
+        raise UsageError(f"--uds {path!r} exists and is not a socket: pick another path")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            target.unlink()  # nobody listens: what a killed server leaves behind
+            return
+    raise UsageError(f"--uds {path!r}: another server is listening on it")
+
+
 def hypercorn_config(config: ServerConfig):
     from hypercorn.config import Config
 
     hyper = Config()
     host = f"[{config.host}]" if ":" in config.host else config.host
     hyper.bind = [f"{host}:{config.port}"]  # Hypercorn sets TCP_NODELAY on the listening socket
+    if config.uds is not None:
+        # Same routes on a Unix socket: a target on the same host skips the TCP stack.
+        hyper.bind.append(f"unix:{config.uds}")
     hyper.keep_alive_timeout = KEEP_ALIVE_S
     hyper.keep_alive_max_requests = 1_000_000  # a target reuses one connection for its whole run
     hyper.graceful_timeout = 5  # after our own drain, only idle keep-alive connections are left
@@ -109,7 +133,13 @@ async def serve(config: ServerConfig) -> int:
 
     app = create_app(config)
     runtime = app.state.runtime
-    await hypercorn_serve(app, hypercorn_config(config), shutdown_trigger=lambda: wait_for_shutdown(runtime))
+    try:
+        await hypercorn_serve(
+            app, hypercorn_config(config), shutdown_trigger=lambda: wait_for_shutdown(runtime)
+        )
+    finally:
+        if config.uds is not None:
+            Path(config.uds).unlink(missing_ok=True)  # a socket file outlives its server otherwise
     code = 1 if runtime.fatal.is_set() else 0
     if not runtime.stop_engine_thread():
         # Interpreter exit while torch runs in another thread aborts the process ("terminate called

@@ -33,6 +33,7 @@ OPTIONS: dict[str, tuple] = {
     "model": (str, "preset name (tiny, bench-cpu) or an exported FP8 / HF Qwen3 directory [tiny]"),
     "host": (str, "address to bind [127.0.0.1]"),
     "port": (int, "port to bind; 0 picks a free one [8000]"),
+    "uds": (str, "also listen on this Unix socket path, for a target on the same host [off]"),
     "device": (str, "cpu or cuda [cuda if available]"),
     "dtype": (str, "bfloat16 or float32 [bfloat16 on CUDA, float32 on CPU]"),
     "max-seq-len": (int, "longest context + draft accepted [4096]"),

@@ -8,6 +8,7 @@ sizes, which it hands on as an `EngineConfig`. Where it comes from (flags, `DRAF
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
@@ -15,6 +16,7 @@ from engine.config import EngineConfig
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DEFAULT_NUM_DRAFT_TOKENS = 16  # the wire protocol's default k, capped by the server's maximum
 MAX_SESSION_CHARS = 128
+MAX_UDS_PATH_BYTES = 108  # sockaddr_un's sun_path on Linux, terminating NUL included
 
 
 class ServerConfigError(ValueError):
@@ -26,6 +28,7 @@ class ServerConfig:
     model: str = "tiny"
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: str | None = None  # also serve on this Unix domain socket path
     device: str = "cpu"
     dtype: str = "float32"
     max_seq_len: int = 4096
@@ -49,6 +52,8 @@ class ServerConfig:
             raise ServerConfigError("model must be a preset name or a checkpoint directory")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ServerConfigError(f"port must be in [0, 65535], got {self.port!r}")
+        if self.uds is not None and not 0 < len(os.fsencode(self.uds)) < MAX_UDS_PATH_BYTES:
+            raise ServerConfigError(f"uds must be a path of 1 to {MAX_UDS_PATH_BYTES - 1} bytes")
         if self.max_queue < 1:
             raise ServerConfigError(f"max_queue must be at least 1, got {self.max_queue}")
         if not 0 <= self.batch_window_ms <= 100:

@@ -12,6 +12,12 @@ import httpx
 from tests.server_process import MAIN_ARGS, REPO, ServerProcess, draft_body
 
 
+def start_second_server(path) -> subprocess.CompletedProcess:
+    """A server asked to listen on `path`, which must refuse it at once (it never gets to load a model)."""
+    command = [sys.executable, "-m", "drafter", "--port", "0", "--uds", str(path)]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
 def test_uds_serves_the_same_drafts_as_tcp_and_is_removed_at_exit(tmp_path):
     path = tmp_path / "drafter.sock"
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -27,13 +33,7 @@ def test_uds_serves_the_same_drafts_as_tcp_and_is_removed_at_exit(tmp_path):
         over_tcp = httpx.post(f"{url}/draft", json=body)
         assert over_uds.status_code == over_tcp.status_code == 200
         assert over_uds.json()["tokens"] == over_tcp.json()["tokens"]
-        second = subprocess.run(
-            [sys.executable, "-m", "drafter", "--port", "0", "--uds", str(path)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        second = start_second_server(path)
         assert second.returncode == 2 and "another server is listening" in second.stderr
         assert server.stop() == 0
     finally:
@@ -44,12 +44,6 @@ def test_uds_serves_the_same_drafts_as_tcp_and_is_removed_at_exit(tmp_path):
 def test_uds_path_that_is_a_plain_file_is_refused(tmp_path):
     path = tmp_path / "not-a-socket"
     path.write_text("keep me")
-    done = subprocess.run(
-        [sys.executable, "-m", "drafter", "--port", "0", "--uds", str(path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = start_second_server(path)
     assert done.returncode == 2 and "is not a socket" in done.stderr
     assert path.read_text() == "keep me"

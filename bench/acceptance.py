@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import drafter.target
 from bench.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
@@ -40,7 +40,6 @@ from bench.prompts import (
 )
 from drafter.client import DraftClient, DraftRequestError
 from drafter.speculative import SpeculationStats, speculative_decoding
-from engine.presets import is_preset, write_preset
 
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
 for noisy in ("torchao", "torch.utils._pytree"):
@@ -97,22 +96,10 @@ def generate(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool, *
 
 
 def load_target(directory: Path, device: str, dtype: str):
-    """An HF checkpoint directory, or a preset name (`tiny`, `bench-cpu`): the same random weights the
-    server's `--model tiny` drafts with, so a target and its drafter need no download."""
-    from transformers import AutoModelForCausalLM
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BenchError("--device cuda: no CUDA device is available")
-    if is_preset(str(directory)):
-        with tempfile.TemporaryDirectory(prefix="acceptance-target-") as scratch:
-            return load_target(write_preset(str(directory), scratch), device, dtype)
-    if not directory.is_dir():
-        raise BenchError(f"target {str(directory)!r} is not a directory (nor a preset: tiny, bench-cpu)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
-    except (OSError, ValueError) as error:
-        raise BenchError(f"cannot load the target from {str(directory)!r}: {error}") from None
-    return model.to(device).eval()
+        return drafter.target.load_target(directory, device, dtype)
+    except ValueError as error:
+        raise BenchError(str(error)) from None
 
 
 def percentiles(values: list[float]) -> dict:

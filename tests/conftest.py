@@ -41,9 +41,9 @@ def hf_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_torch_thread():
-    """Tiny in-process targets gain nothing from a second intra-op thread, and on a shared 2-core machine
-    the threads' synchronization made a 24-token generate 40x slower (3 s against 0.08 s)."""
+def one_thread():
+    """For small models one thread is as fast, and does not stall when other processes hold the cores: on a
+    busy 2-core machine two intra-op threads made a tiny target's 24-token generate 40x slower."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -20,7 +20,7 @@ from tests.conftest import TARGET_MODEL as MODEL
 from tests.oracle import HF_CONFIGS, hf_greedy
 from tests.server_process import REPO
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB_SIZE = HF_CONFIGS[MODEL]["vocab_size"]
 
 

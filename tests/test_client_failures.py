@@ -29,7 +29,7 @@ from tests.conftest import TARGET_MODEL
 from tests.oracle import HF_CONFIGS, hf_greedy
 from tests.server_process import ServerProcess
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB_SIZE = HF_CONFIGS[TARGET_MODEL]["vocab_size"]
 # One request drafted at a time and one waiting: a few concurrent long contexts fill the server.
 SMALL_SERVER_ARGS = [

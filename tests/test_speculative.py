@@ -13,7 +13,7 @@ from drafter.speculative import SpeculationStats, speculative_decoding
 from tests.conftest import TARGET_MODEL
 from tests.oracle import HF_CONFIGS, hf_greedy, make_hf_model
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB_SIZE = HF_CONFIGS[TARGET_MODEL]["vocab_size"]
 
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from drafter.client import AsyncDraftClient, DraftClient, DraftRequestError
-from tests.server_process import MAIN_ARGS, main_oracle, shared_server
+from tests.server_process import MAIN_ARGS, MAIN_SIZES, main_oracle, shared_server
 
 VOCAB = 1024  # the tiny preset's
 TIMEOUT_S = 30  # generous: these tests check what is drafted, not how fast (the machine may be shared)
@@ -166,3 +166,17 @@ def test_v2_close_frees_the_session(client, url, v2):
     session.close()
     again = httpx.delete(f"{url}/sessions/{session.name}", headers={"Drafter-Session-Token": token})
     assert again.status_code == 404 and again.json()["error"]["type"] == "session_unknown"
+
+
+def test_session_fits_k_to_the_servers_limits_and_skips_past_its_context(client, oracle):
+    bodies = sent_bodies(client)
+    max_context = MAIN_SIZES["max_seq_len"]
+    session = client.session()
+    near_the_end = random_context(6, max_context - 3)
+    drafts = session.draft(near_the_end, 8)  # room for 3: k is clipped instead of refused
+    assert drafts.tokens == oracle.draft(near_the_end, 3) and bodies[-1]["num_draft_tokens"] == 3
+    full = near_the_end + drafts.tokens
+    assert session.draft(full, 8).skipped == "context_too_long" and len(bodies) == 1  # nothing sent
+    assert not client.server.backoff.active
+    short = random_context(7, 10)
+    assert len(client.session().draft(short, 40).tokens) == MAIN_SIZES["max_draft_tokens"]

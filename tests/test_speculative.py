@@ -205,3 +205,24 @@ def test_generate_through_a_drafter_server_equals_greedy(target, target_drafters
         assert stats.accepted == stats.drafted
     else:  # FP8 weights: close, not equal
         assert 0 < sum(stats.accepted) < sum(stats.drafted)
+
+
+def test_generate_goes_on_alone_past_the_drafters_context(target, target_drafters):
+    # The servers take 512 positions (context + drafts); the target keeps going past them, without drafts.
+    prompt = torch.randint(0, VOCAB_SIZE, (490,), generator=torch.Generator().manual_seed(6)).tolist()
+    stats = SpeculationStats(8)
+    with DraftClient(target_drafters["same"], timeout_s=30) as client:
+        out = generate(
+            target,
+            prompt,
+            custom_generate=speculative_decoding,
+            draft_client=client,
+            speculation_stats=stats,
+            max_new_tokens=40,
+            do_sample=False,
+        )
+    assert out == hf_greedy(target, prompt, 40)
+    # 490 + 9 + 9 = 508: room for 4 drafts, then none; the last 17 tokens come one per round, 16 of them
+    # after a call the client answers at once with no drafts (the last round asks for none).
+    assert stats.accepted == stats.drafted and sum(stats.accepted) == 8 + 8 + 4
+    assert stats.num_skipped == 16 and stats.num_rounds == 3 + 17

@@ -48,6 +48,24 @@ class ServerState:
     def __init__(self, backoff: Backoff):
         self.backoff = backoff
         self.protocol_versions: frozenset[int] | None = None
+        self.max_context: int | None = None  # context + drafts the server accepts (/info)
+        self.max_draft_tokens: int | None = None
+
+    def learn(self, info: dict) -> None:
+        versions = info.get("protocol_versions") or [1]
+        self.protocol_versions = frozenset(v for v in versions if isinstance(v, int))
+        self.max_context, self.max_draft_tokens = info.get("max_context"), info.get("max_draft_tokens")
+
+    def fit(self, context_len: int, options: dict) -> dict | None:
+        """The options with k clipped to what the server accepts, None if the context leaves no room: a
+        conversation that outgrows the drafter goes on without drafts instead of failing with a 400."""
+        k = options.get("num_draft_tokens")
+        if not isinstance(k, int) or self.max_context is None or self.max_draft_tokens is None:
+            return options
+        room = min(self.max_draft_tokens, self.max_context - context_len)
+        if room < 1:
+            return None
+        return {**options, "num_draft_tokens": room} if k > room else options
 
     @property
     def incremental(self) -> bool:
@@ -97,12 +115,15 @@ def exchange(
     caller's bug. Transport failures are the driver's (see `transport_failed`)."""
     if server.backoff.active:
         return Drafts.none("backing_off")
-    if session is not None and server.protocol_versions is None:
-        info = yield Request("GET", "/info")
-        if info.status != 200:
-            return refused(server, info)  # 401 wrong key or 404 not a drafter raise; 5xx skip
-        versions = orjson.loads(info.content).get("protocol_versions") or [1]
-        server.protocol_versions = frozenset(v for v in versions if isinstance(v, int))
+    if session is not None:
+        if server.protocol_versions is None:
+            info = yield Request("GET", "/info")
+            if info.status != 200:
+                return refused(server, info)  # 401 wrong key or 404 not a drafter raise; 5xx skip
+            server.learn(orjson.loads(info.content))
+        options = server.fit(len(context), options)
+        if options is None:
+            return Drafts.none("context_too_long")
     body = session.body(context, server.incremental) if session else {"tokens": context}
     response = yield draft_request(body, options)
     if response.status == 409 and "prefix_len" in body and error_of(response)[0] == "session_unknown":

@@ -7,8 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Why a call returned no drafts without raising (the failure policy: speculation is optional).
-SKIP_REASONS = ("overloaded", "not_ready", "timeout", "unreachable", "server_error", "backing_off")
+# Why a call returned no drafts without raising (the failure policy: speculation is optional);
+# context_too_long: the context leaves no room for a draft within the server's max context.
+SKIP_REASONS = (
+    "overloaded",
+    "not_ready",
+    "timeout",
+    "unreachable",
+    "server_error",
+    "backing_off",
+    "context_too_long",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,14 +97,19 @@ def test_sessions_of_one_client_get_distinct_names(client):
 
 
 @pytest.mark.parametrize(
-    ("k", "tokens", "param"),
-    [(0, [1, 2], "num_draft_tokens"), (4, [1, VOCAB], "tokens"), (10_000, [1], "num_draft_tokens")],
+    ("tokens", "options", "param"),
+    [
+        ([1, 2], {"num_draft_tokens": 0}, "num_draft_tokens"),
+        ([1, VOCAB], {"num_draft_tokens": 4}, "tokens"),
+        ([1, 2], {"num_draft_tokens": 4, "min_confidence": 1.5}, "min_confidence"),
+    ],
 )
-def test_client_raises_on_requests_the_server_refuses_as_invalid(client, k, tokens, param):
-    with pytest.raises(DraftRequestError) as raised:
-        client.session().draft(tokens, k)
-    assert raised.value.status == 400 and raised.value.type == "invalid_request"
-    assert raised.value.param == param
+def test_client_raises_on_requests_the_server_refuses_as_invalid(client, tokens, options, param):
+    for draft in (client.draft, client.session().draft):
+        with pytest.raises(DraftRequestError) as raised:
+            draft(tokens, **options)
+        assert raised.value.status == 400 and raised.value.type == "invalid_request"
+        assert raised.value.param == param
     assert client.draft([1, 2, 3], 2).skipped is None  # not a server failure: no backoff
 
 

@@ -146,3 +146,18 @@ def test_client_import_leaves_torch_out():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "content", [b"<html>gateway</html>", b'{"tokens": [1, "2"]}', b"[1, 2]", b'{"cached": 0}']
+)
+def test_exchange_treats_a_malformed_200_as_a_server_failure(content):
+    server, state = ServerState(Backoff()), SessionState()
+    server.protocol_versions = frozenset({1})
+    answered(state, [1], [2])
+    calls = exchange(server, state, [1, 2], {})
+    next(calls)
+    with pytest.raises(StopIteration) as done:
+        calls.send(Response(200, {}, content))
+    assert done.value.value.skipped == "server_error" and done.value.value.tokens == []
+    assert server.backoff.active and state.token is None

@@ -118,9 +118,10 @@ def exchange(
     if session is not None:
         if server.protocol_versions is None:
             info = yield Request("GET", "/info")
-            if info.status != 200:
-                return refused(server, info)  # 401 wrong key or 404 not a drafter raise; 5xx skip
-            server.learn(orjson.loads(info.content))
+            fields = json_object(info) if info.status == 200 else None
+            if fields is None:
+                return refused(server, info)  # 401 wrong key or 404 not a drafter raise; 5xx and junk skip
+            server.learn(fields)
         options = server.fit(len(context), options)
         if options is None:
             return Drafts.none("context_too_long")
@@ -130,12 +131,12 @@ def exchange(
         session.forget()  # the server lost it (restart, eviction) or it expired: rebuild from the full context
         body = session.body(context, incremental=False)
         response = yield draft_request(body, options)
-    if response.status != 200:
+    answer = read_answer(response) if response.status == 200 else None
+    if answer is None:
         if session is not None:
             session.forget()
         return refused(server, response)
     server.backoff.succeeded()
-    answer = orjson.loads(response.content)
     if session is not None:
         session.answered(context, answer)
     return Drafts(
@@ -169,8 +170,27 @@ def close_request(session: SessionState) -> Request | None:
     return Request("DELETE", f"/sessions/{session.name}", headers={"Drafter-Session-Token": session.token})
 
 
+def json_object(response: Response) -> dict | None:
+    try:
+        fields = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def read_answer(response: Response) -> dict | None:
+    """The JSON answer, or None unless it has the protocol's shape (a proxy's page, a truncated body)."""
+    answer = json_object(response)
+    tokens = answer.get("tokens") if answer is not None else None
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        return None
+    return answer
+
+
 def refused(server: ServerState, response: Response) -> Drafts:
-    status = response.status
+    """A non-answer: no drafts and a backoff when the server (or what stands in front of it) failed; an
+    exception when the request was wrong. A 200 without the protocol's shape counts as a server failure."""
+    status = 502 if response.status == 200 else response.status
     if status in SKIP_STATUSES or status >= 500:
         server.backoff.failed(retry_after_seconds(response.headers.get("retry-after")))
         return Drafts.none(SKIP_STATUSES.get(status, "server_error"))

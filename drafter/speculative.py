@@ -12,7 +12,8 @@ criteria, in order, so the output is exactly what `generate` gives on its own: g
 `max_new_tokens`, `min_new_tokens`, repetition penalty alike), and with `do_sample=True` the same
 distribution, by verifying each greedy draft x as a point-mass proposal: keep it with probability p(x), else
 sample from p with x removed. When the server sends nothing (down, overloaded, slow) a round decodes one
-token on its own: slower, never wrong. Batch size 1 only; this module may import torch, drafter.client does not.
+token on its own: slower, never wrong. Batch size 1 only. No streaming: transformers (5.24) hands a callable
+custom_generate neither `streamer` nor `synced_gpus`. This module may import torch; drafter.client does not.
 """
 
 from __future__ import annotations
@@ -67,8 +68,6 @@ def speculative_decoding(
     logits_processor=None,
     stopping_criteria=None,
     generation_config=None,
-    synced_gpus: bool = False,
-    streamer=None,
     *,
     draft_client: DraftClient,
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
@@ -90,7 +89,7 @@ def speculative_decoding(
             speculation_stats=speculation_stats,
             **model_kwargs,
         )
-    check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs)
+    check_supported(model, input_ids, generation_config, model_kwargs)
     stats = speculation_stats or SpeculationStats(num_draft_tokens)
     if stats.num_draft_tokens != num_draft_tokens:
         raise ValueError("speculation_stats was made for another num_draft_tokens")
@@ -101,27 +100,22 @@ def speculative_decoding(
             logits_processor,
             stopping_criteria,
             generation_config,
-            streamer,
             session,
             num_draft_tokens,
             stats,
         )
-    if streamer is not None:
-        streamer.end()
     return output
 
 
-def check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:
+def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"speculative_decoding decodes one sequence at a time, got a batch of {input_ids.shape[0]}"
         )
     if model.config.is_encoder_decoder:
         raise ValueError("speculative_decoding needs a decoder-only target")
-    if generation_config.num_beams != 1 or generation_config.return_dict_in_generate or synced_gpus:
-        raise ValueError(
-            "speculative_decoding supports neither beams, return_dict_in_generate nor synced_gpus"
-        )
+    if generation_config.num_beams != 1 or generation_config.return_dict_in_generate:
+        raise ValueError("speculative_decoding supports neither beams nor return_dict_in_generate")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
         raise ValueError("speculative_decoding takes an unpadded prompt (an attention_mask of ones)")
@@ -129,7 +123,7 @@ def check_supported(model, input_ids, generation_config, synced_gpus, model_kwar
 
 @torch.inference_mode()
 def decode(
-    model, input_ids, logits_processor, stopping_criteria, config, streamer, session, num_draft_tokens, stats
+    model, input_ids, logits_processor, stopping_criteria, config, session, num_draft_tokens, stats
 ) -> torch.LongTensor:
     from transformers import DynamicCache
 
@@ -138,15 +132,13 @@ def decode(
     while True:
         # Leave room for the target's own token: at most max_length tokens come out, nothing is truncated.
         k = min(num_draft_tokens, config.max_length - len(context) - 1)
-        drafts = draft(session, context, k, stats) if k > 0 else []
+        drafts = draft(session, context, k, stats, model.config.vocab_size) if k > 0 else []
         logits = verify_logits(model, cache, context, drafts)
         kept, num_accepted, done = choose(
             logits, context, drafts, logits_processor, stopping_criteria, config
         )
         stats.record(len(drafts), num_accepted, len(kept))
         context += kept
-        if streamer is not None:
-            streamer.put(torch.tensor(kept))
         if done:
             return torch.tensor([context], dtype=input_ids.dtype, device=input_ids.device)
         # Drop the rejected drafts (crop takes minus the number to remove); the target's own token is fed
@@ -154,12 +146,15 @@ def decode(
         cache.crop(len(context) - 1 - cache.get_seq_length())
 
 
-def draft(session, context: list[int], k: int, stats: SpeculationStats) -> list[int]:
+def draft(session, context: list[int], k: int, stats: SpeculationStats, vocab_size: int) -> list[int]:
     started = time.perf_counter()
     answer = session.draft(context, k)
     stats.draft_call_ms.append((time.perf_counter() - started) * 1e3)
     stats.num_skipped += answer.skipped is not None
-    return answer.tokens[:k]  # never trust a server to respect k
+    drafts = answer.tokens[:k]  # never trust a server to respect k
+    if drafts and not 0 <= min(drafts) <= max(drafts) < vocab_size:
+        raise ValueError(f"the drafter sent token ids outside the target's vocabulary [0, {vocab_size})")
+    return drafts
 
 
 def verify_logits(model, cache, context: list[int], drafts: list[int]) -> torch.Tensor:

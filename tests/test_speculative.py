@@ -118,6 +118,13 @@ def test_speculative_refuses_a_batch(target):
         speculative_decoding(target, ids, draft_client=ScriptedDrafter([], []), max_new_tokens=4)
 
 
+def test_speculative_refuses_drafts_outside_the_targets_vocabulary(target):
+    prompt = list(range(5))
+    drafter = ScriptedDrafter(prompt, [VOCAB_SIZE + 5] * 10)  # a drafter with a larger vocabulary
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        generate(target, prompt, custom_generate=speculative_decoding, draft_client=drafter, max_new_tokens=5)
+
+
 def exact_distribution(model, prompt: list[int], num_tokens: int, temperature: float, top_k: int) -> dict:
     """{tuple of the next num_tokens tokens: probability} under temperature + top-k sampling, by enumeration."""
     dist = {(): 1.0}

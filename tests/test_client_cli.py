@@ -49,7 +49,7 @@ def test_cli_takes_the_prompt_and_checks_its_ids(target_drafters, target_dir):
     done = cli("--url", url, "--target", target_dir, "--prompt-tokens", "5", "6", "7", "--max-new-tokens=10")
     assert done.returncode == 0 and "output matched: yes" in done.stdout, done.stderr
     done = cli("--url", url, "--target", target_dir, "--prompt-tokens", "5", "99999")
-    assert done.returncode == 2 and "below the target's vocabulary size" in done.stderr
+    assert done.returncode == 2 and "below the drafter's vocabulary size 997" in done.stderr
     assert "Traceback" not in done.stderr
 
 

@@ -72,7 +72,15 @@ def check_server(client: DraftClient) -> dict:
 
 
 def run(args, client: DraftClient) -> bool:
-    info = check_server(client)  # before the slow imports, so a wrong URL fails at once
+    # The server and the prompt are checked before the slow imports, so a typo fails at once; the target
+    # must share the drafter's vocabulary (checked once it is loaded).
+    info = check_server(client)
+    vocab_size = info["vocab_size"]
+    prompt = args.prompt_tokens or random.Random(RANDOM_PROMPT_SEED).choices(
+        range(vocab_size), k=RANDOM_PROMPT_LEN
+    )
+    if max(prompt) >= vocab_size:
+        raise CliError(f"--prompt-tokens: every id must be below the drafter's vocabulary size {vocab_size}")
 
     import torch
 
@@ -85,16 +93,10 @@ def run(args, client: DraftClient) -> bool:
         model = load_target(args.target, device, dtype)
     except ValueError as error:
         raise CliError(str(error)) from None
-    vocab_size = model.config.vocab_size
-    if info.get("vocab_size") != vocab_size:
+    if model.config.vocab_size != vocab_size:
         raise CliError(
-            f"the drafter's vocabulary ({info.get('vocab_size')}) is not the target's ({vocab_size})"
+            f"the drafter's vocabulary ({vocab_size}) is not the target's ({model.config.vocab_size})"
         )
-    prompt = args.prompt_tokens or random.Random(RANDOM_PROMPT_SEED).choices(
-        range(vocab_size), k=RANDOM_PROMPT_LEN
-    )
-    if max(prompt) >= vocab_size:
-        raise CliError(f"--prompt-tokens: every id must be below the target's vocabulary size {vocab_size}")
 
     ids = torch.tensor([prompt], device=device)
     common = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=args.max_new_tokens)

@@ -1,6 +1,6 @@
 """Per-call draft latency of our engine and server, against transformers on the same weights, in one run.
 
-    python bench/latency.py --quick                      # tiny preset on CPU, under a minute
+    python bench/latency.py --quick                      # tiny preset on CPU, 32 rows, 2-4 minutes
     python bench/latency.py --model bench-cpu            # CPU-sized body, the real 151936-token vocabulary
     python bench/latency.py --model DIR                  # CUDA: an FP8 export of Qwen3-0.6B
 
@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from bench import baselines, machine, report, runners
-from bench.server import BenchServer
+from bench.server import ServerProcess
 from bench.workload import PATTERNS, Conversation, longest_context
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
@@ -133,7 +133,7 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
         compile_, graphs = ENGINE_VARIANTS[name]
         config = EngineConfig(
             device=args.device, dtype=args.dtype, max_seq_len=sizes["max_seq_len"],
-            max_slots=max(args.concurrency), max_batch_size=max(args.concurrency),
+            max_batch_size=max(args.concurrency),
             max_draft_tokens=max(args.draft_lengths), compile=compile_, cuda_graphs=graphs,
             batch_buckets=tuple(args.concurrency),
         )  # fmt: skip
@@ -152,12 +152,12 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
             # As many torch threads as the in-process variants, so http minus eager is the HTTP path's cost
             # (the server's own default leaves one core to HTTP; on a 2-core machine that halves compute).
             threads = [f"--num-threads={torch.get_num_threads()}"] if args.device == "cpu" else []
-            server = BenchServer([*threads,
+            server = ServerProcess([*threads,
                 f"--model={args.model}", f"--device={args.device}", f"--dtype={args.dtype}",
                 f"--max-seq-len={sizes['max_seq_len']}", f"--max-batch-size={max(args.concurrency)}",
-                f"--max-slots={max(args.concurrency)}", f"--max-draft-tokens={max(args.draft_lengths)}",
+                f"--max-draft-tokens={max(args.draft_lengths)}",
                 f"--max-queue={4 * max(args.concurrency)}", "--request-timeout-s=120",
-            ]).__enter__()  # fmt: skip
+            ], timeout_s=900).__enter__()  # fmt: skip
         url = args.url or server.url
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         run = lambda case: runners.run_http(  # noqa: E731

@@ -68,6 +68,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
     matplotlib.use("Agg")  # files only; no display on a server
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
     single = [r for r in rows if r["concurrency"] == 1]
     k = max(
@@ -90,7 +91,14 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         xlabel="context length (tokens)",
         ylabel=f"p50 latency of a {k}-token draft (ms)",
     )
-    axes.set_title(title)
+    # Plain numbers on both log axes ("2048", "200", not "2x10^3"): x ticks at the measured context
+    # lengths; y labels minor ticks too when the latencies span less than a few decades.
+    axes.set_xticks(sorted({r["context_len"] for r in single}))
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.xaxis.set_minor_formatter(NullFormatter())
+    axes.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    axes.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    axes.set_title(f"{title}\nk = {k} draft tokens, 1 client (one request at a time)")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()

@@ -1,10 +1,18 @@
-"""A drafter server in a subprocess for the HTTP variant: `python -m drafter --port 0`, its address read back
-from Hypercorn's "Running on" line (no port race), ready once /health/ready answers 200."""
+"""The one launcher for a drafter server process, used by the benchmarks and the tests alike.
+
+`python -m drafter --host 127.0.0.1 --port 0 [args]` (or another command, such as `serve.sh`) runs with this
+checkout first on PYTHONPATH, so it serves the same code as the caller; its address is read back from
+Hypercorn's "Running on" log line (port 0: the kernel picks a free port, so there is no port race), and it
+is ready once /health/ready answers 200. Its log goes to a file the caller can show when something fails.
+It knows nothing of pytest; sharing one server between tests is tests/server_process.py's business.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,54 +21,86 @@ from pathlib import Path
 
 import httpx
 
+REPO = Path(__file__).resolve().parents[1]
 RUNNING_ON = re.compile(r"Running on http://([\d.]+):(\d+)")
+DEFAULT_COMMAND = [sys.executable, "-m", "drafter", "--host", "127.0.0.1", "--port", "0"]
 
 
-class BenchServer:
-    def __init__(self, args: list[str], timeout_s: float = 900):
-        fd, self.log_path = tempfile.mkstemp(prefix="drafter-bench-", suffix=".log")
+class ServerProcess:
+    def __init__(
+        self,
+        args: list[str],
+        command: list[str] | None = None,
+        env: dict | None = None,
+        cwd=None,
+        timeout_s: float = 90,
+    ):
+        fd, self.log_path = tempfile.mkstemp(prefix="drafter-", suffix=".log")
+        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        environ = {**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "drafter", "--host", "127.0.0.1", "--port", "0", *args],
+            [*(command or DEFAULT_COMMAND), *args],
             stdout=fd,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=environ,
+            cwd=cwd or REPO,
         )
         os.close(fd)  # the child holds its own copy
         self.timeout_s = timeout_s  # compile and graph capture of a real model can take minutes
-        self.url = ""
+        self.url: str | None = None
 
-    def log_text(self) -> str:
+    @property
+    def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")
 
-    def wait_ready(self) -> str:
-        deadline = time.monotonic() + self.timeout_s
+    def check_running(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"drafter server exited with {self.process.returncode}:\n{self.log}")
+
+    def wait_for_port(self, timeout_s: float | None = None) -> str:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"drafter server exited with {self.process.returncode}:\n{self.log_text()}"
-                )
-            if not self.url and (match := RUNNING_ON.search(self.log_text())):
+            if match := RUNNING_ON.search(self.log):
                 self.url = f"http://{match[1]}:{match[2]}"
-            if self.url:
-                try:
-                    if httpx.get(f"{self.url}/health/ready", timeout=5).status_code == 200:
-                        return self.url
-                except httpx.TransportError:
-                    pass
-            time.sleep(0.2)
-        raise TimeoutError(f"drafter server not ready within {self.timeout_s} s:\n{self.log_text()}")
+                return self.url
+            self.check_running()
+            time.sleep(0.05)
+        raise TimeoutError(f"drafter server did not bind within {timeout_s or self.timeout_s} s:\n{self.log}")
+
+    def wait_ready(self, timeout_s: float | None = None) -> str:
+        timeout_s = timeout_s or self.timeout_s
+        url = self.url or self.wait_for_port(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
+                    return url
+            self.check_running()
+            time.sleep(0.1)
+        raise TimeoutError(f"drafter server not ready within {timeout_s} s:\n{self.log}")
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def stop(self, timeout_s: float = 30) -> int:
+        """SIGTERM, then wait for the exit status (kill, and raise, if it does not come in time)."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
 
     def close(self) -> None:
         if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        os.unlink(self.log_path)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.stop()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.log_path)
 
-    def __enter__(self) -> BenchServer:
+    def __enter__(self) -> ServerProcess:
         try:
             self.wait_ready()
         except BaseException:

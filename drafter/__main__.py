@@ -2,16 +2,18 @@
 
 One process, one model: the engine is loaded once, in the background, while Hypercorn already answers the
 health probes. SIGTERM/SIGINT drain first (readiness 503, in-flight requests finish), then Hypercorn stops.
-A bad flag, variable or model path ends with one error line and exit status 2; an engine that fails to
-load or warm up ends the process with status 1.
+A bad flag, variable or model path, or a port already taken, ends with one error line and exit status 2;
+an engine that fails to load or warm up ends the process with status 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(argv)
         check_model_source(config.model)
+        check_address(config.host, config.port)
     except ValueError as error:  # UsageError, ServerConfigError, ConfigError and LoadError alike
         log.error("%s", error if isinstance(error, UsageError) else f"bad configuration: {error}")
         return 2
@@ -44,16 +47,45 @@ def check_model_source(source: str) -> None:
     """Fail fast on a model directory that cannot be served, before the server starts."""
     from engine.config import ConfigError, ModelConfig
     from engine.loader import LoadError, checkpoint_files, read_hf_config
-    from engine.presets import is_preset
+    from engine.presets import PRESETS, is_preset
 
     if is_preset(source):
         return
     directory = Path(source)
+    if not directory.is_dir():
+        raise UsageError(
+            f"--model {source!r} is neither a preset ({', '.join(PRESETS)}) nor a directory; "
+            "a hub id such as Qwen/Qwen3-0.6B is exported first: "
+            "python -m export Qwen/Qwen3-0.6B DIR, then --model DIR"
+        )
     try:
         ModelConfig.from_hf(read_hf_config(directory))
     except ConfigError as error:
         raise LoadError(f"{directory}: {error}") from None
     checkpoint_files(directory)
+
+
+def check_address(host: str, port: int) -> None:
+    """Fail in one line on an address that cannot be bound, before the engine starts loading (Hypercorn
+    would bind only after startup, and fail with a long traceback)."""
+    if port == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UsageError(f"--host {host!r} cannot be resolved: {error.strerror}") from None
+    family, kind, proto, _, address = addresses[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Hypercorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise UsageError(
+                    f"port {port} on {host} is already in use (another drafter?): stop that process, "
+                    "or pick another port with --port or DRAFTER_PORT"
+                ) from None
+            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror}") from None
 
 
 def hypercorn_config(config: ServerConfig):

@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from drafter.config import ServerConfig
 from drafter.draft_route import draft
 from drafter.errors import EXCEPTION_HANDLERS
+from drafter.request_body import FinishBodyBeforeAnswer
 from drafter.runtime import Runtime
 from drafter.status_routes import info, live, metrics, ready
 
@@ -37,7 +39,15 @@ def create_app(config: ServerConfig) -> Starlette:
         finally:
             await runtime.close()
 
-    app = Starlette(routes=ROUTES, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    finish_body = Middleware(
+        FinishBodyBeforeAnswer, deadlines=runtime.body_deadlines, max_discard_bytes=config.max_body_bytes
+    )
+    app = Starlette(
+        routes=ROUTES, middleware=[finish_body], exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan
+    )
+    # No slash redirects: `/health/live/` would answer 307 with a Location built from the client's Host
+    # header (an open redirect). It is a 404 like any other unknown path.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     app.state.metrics = runtime.metrics
     return app

@@ -159,6 +159,7 @@ class Batcher:
         for result in results:
             metrics.cache_tokens.labels("reused").inc(result.cached)
             metrics.cache_tokens.labels("prefilled").inc(result.prefilled)
+            metrics.shared_tokens.inc(result.shared)
             metrics.evictions.inc(int(result.evicted))
 
     def fail_waiting(self, error: Exception) -> None:

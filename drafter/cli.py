@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -36,14 +37,23 @@ OPTIONS: dict[str, tuple] = {
     "dtype": (str, "bfloat16 or float32 [bfloat16 on CUDA, float32 on CPU]"),
     "max-seq-len": (int, "longest context + draft accepted [4096]"),
     "max-batch-size": (int, "requests drafted in one decode loop [8]"),
-    "max-slots": (int, "conversations whose KV cache is kept (>= max batch size) [16]"),
+    "kv-cache-gb": (
+        float,
+        "KV-cache page pool budget in GiB; LRU conversations are evicted past it [8 on CUDA, 1 on CPU]",
+    ),
+    "attention": (str, "sdpa or flex: how decode attention reads the pages [flex on CUDA, sdpa on CPU]"),
     "max-draft-tokens": (int, "largest num_draft_tokens accepted [16]"),
     "max-queue": (int, "requests that may wait for the engine; beyond it, 429 [128]"),
     "batch-window-ms": (float, "how long an idle engine waits to batch a request with others [0.2]"),
     "request-timeout-s": (float, "a request still queued after this is dropped with 504 [1.0]"),
     "drain-timeout-s": (float, "on SIGTERM, how long in-flight requests may take to finish [30]"),
+    "body-timeout-s": (float, "a /draft body still incomplete after this is refused with 408 [10]"),
     "num-threads": (int, "torch CPU threads [on CPU: cores - 1, leaving one to the HTTP side]"),
-    "api-key": (str, "bearer token required on /draft, /info and /metrics [none: open]"),
+    "api-key": (
+        str,
+        "bearer token required on /draft, /info and /metrics [none: open]; prefer the variable, "
+        "since a flag's value shows in ps and shell history",
+    ),
     "log-level": (str, f"one of {', '.join(LOG_LEVELS)} [info]"),
 }
 SWITCHES = {
@@ -93,8 +103,26 @@ def read_settings(argv: Sequence[str], environ: Mapping[str, str]) -> dict:
             try:
                 settings[key] = kind(environ[env_name(name)])
             except ValueError as error:
-                raise UsageError(f"{env_name(name)}={environ[env_name(name)]!r}: {error}") from None
+                expected = EXPECTED.get(kind, str(error))
+                raise UsageError(f"{env_name(name)} (or --{name}) must be {expected}") from None
     return settings
+
+
+EXPECTED = {
+    int: "an integer",
+    float: "a number",
+    boolean: f"one of {', '.join(sorted(TRUE_WORDS | FALSE_WORDS))}",
+}
+
+
+def in_flag_words(message: str) -> str:
+    """Config errors name dataclass fields (`cuda_graphs`); the user typed flags (`--cuda-graphs`). One-word
+    names (port, device) are common words too, so they are replaced only where they open the message."""
+    for name in [*OPTIONS, *SWITCHES]:
+        field_name = name.replace("-", "_")
+        where = rf"\b{field_name}\b" if "-" in name else rf"^{field_name}\b"
+        message = re.sub(where, f"--{name}", message)
+    return message
 
 
 def config_from_args(
@@ -112,6 +140,8 @@ def config_from_args(
     if on_cuda and not cuda_available():
         raise UsageError("--device cuda was asked for, but no CUDA device is available")
     settings.setdefault("dtype", "bfloat16" if on_cuda else "float32")
+    # FlexAttention reads pages in place on the GPU; eagerly on the CPU it scores the whole pool.
+    settings.setdefault("attention", "flex" if on_cuda else "sdpa")
     # torch.compile on CPU costs ~15 s per shape at startup for little gain on the tiny preset.
     settings.setdefault("compile", on_cuda)
     settings.setdefault("cuda_graphs", on_cuda)
@@ -121,7 +151,10 @@ def config_from_args(
         settings.setdefault("num_threads", max(1, (os.cpu_count() or 2) - 1))
     if settings.get("log_level"):
         settings["log_level"] = settings["log_level"].lower()
-    return ServerConfig(**settings)
+    try:
+        return ServerConfig(**settings)
+    except ValueError as error:  # ServerConfigError and the engine's ConfigError
+        raise UsageError(f"bad configuration: {in_flag_words(str(error))}") from None
 
 
 def cuda_available() -> bool:

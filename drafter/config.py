@@ -30,7 +30,8 @@ class ServerConfig:
     dtype: str = "float32"
     max_seq_len: int = 4096
     max_batch_size: int = 8
-    max_slots: int = 16
+    kv_cache_gb: float | None = None  # None: the engine's default for the device
+    attention: str = "sdpa"
     max_draft_tokens: int = 16
     max_queue: int = 128  # requests waiting for the engine; beyond it, 429 at once
     batch_window_ms: float = 0.2  # how long an idle engine waits for a first request's companions
@@ -41,6 +42,7 @@ class ServerConfig:
     log_level: str = "info"
     drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may take to finish
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    body_timeout_s: float = 10.0  # a /draft body not fully received after this is refused (408)
 
     def __post_init__(self):
         if not self.model:
@@ -55,6 +57,8 @@ class ServerConfig:
             raise ServerConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         if not self.drain_timeout_s > 0:
             raise ServerConfigError(f"drain_timeout_s must be positive, got {self.drain_timeout_s}")
+        if not self.body_timeout_s > 0:
+            raise ServerConfigError(f"body_timeout_s must be positive, got {self.body_timeout_s}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ServerConfigError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.log_level not in LOG_LEVELS:
@@ -70,7 +74,8 @@ class ServerConfig:
             device=self.device,
             dtype=self.dtype,
             max_seq_len=self.max_seq_len,
-            max_slots=self.max_slots,
+            kv_cache_gb=self.kv_cache_gb,
+            attention=self.attention,
             max_batch_size=self.max_batch_size,
             max_draft_tokens=self.max_draft_tokens,
             compile=self.compile,

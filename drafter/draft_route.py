@@ -14,6 +14,7 @@ from starlette.requests import Request
 from drafter.auth import require_auth
 from drafter.batcher import EngineFailed, Expired, Pending, QueueFull
 from drafter.errors import ApiError, OrjsonResponse
+from drafter.request_body import BodyTimeout, BodyTooLarge, ClientGone, read_body
 from drafter.runtime import Runtime
 from drafter.validation import (
     DraftParams,
@@ -41,6 +42,10 @@ async def draft(request: Request) -> OrjsonResponse:
     except ApiError as error:
         status = error.status
         raise
+    except ClientGone:  # hung up mid-body: nobody reads an answer, and it is not a server error
+        runtime.metrics.rejections.labels("disconnected").inc()
+        status = 499
+        return OrjsonResponse(None, status_code=status)
     finally:
         runtime.in_flight -= 1
         runtime.metrics.in_flight.dec()
@@ -54,7 +59,15 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
     limits = runtime.limits
     check_content_type(request.headers.get("content-type"))
     check_content_length(request.headers.get("content-length"), limits.max_body_bytes)
-    params = parse_draft_body(await read_body(request, limits.max_body_bytes), limits)
+    try:
+        body = await read_body(request, limits.max_body_bytes, runtime.body_deadlines)
+    except BodyTooLarge:
+        raise too_large(limits.max_body_bytes) from None
+    except BodyTimeout:
+        if runtime.draining:
+            raise not_ready("draining", None) from None
+        raise body_timeout(runtime.config.body_timeout_s) from None
+    params = parse_draft_body(body, limits)
 
     try:
         pending = runtime.batcher.submit(
@@ -76,17 +89,6 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
     response, num_tokens = draft_response(params, result, pending)
     runtime.metrics.draft_tokens.inc(num_tokens)
     return response
-
-
-async def read_body(request: Request, max_body_bytes: int) -> bytes:
-    """The body, refused as soon as the bytes read pass the cap (Content-Length may be absent or wrong)."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise too_large(max_body_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def wait_for_result(request: Request, runtime: Runtime, pending: Pending) -> DraftResult | None:
@@ -141,6 +143,11 @@ def not_ready(stage: str, reason: str | None) -> ApiError:
         headers={"Retry-After": RETRY_AFTER_NOT_READY_S},
         reason=f"not_ready_{stage}",
     )
+
+
+def body_timeout(timeout_s: float) -> ApiError:
+    # Hypercorn closes an HTTP/1.1 connection whose request was not fully read after the answer.
+    return ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s")
 
 
 def timed_out(timeout_s: float) -> ApiError:

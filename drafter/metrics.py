@@ -79,7 +79,31 @@ class Metrics:
         self.evictions = Counter(
             "drafter_evictions", "Requests that evicted another conversation's KV slot", registry=registry
         )
+        self.shared_tokens = Counter(
+            "drafter_prefix_shared_tokens",
+            "Context tokens served from pages another conversation computed (a subset of reused)",
+            registry=registry,
+        )
+        self.kv_pages = Gauge(
+            "drafter_kv_cache_pages",
+            "Pages of the KV-cache pool: used (held by a conversation), idle (cached, evictable), free",
+            ["state"],
+            registry=registry,
+        )
+        self.kv_evicted_sequences = Gauge(
+            "drafter_kv_cache_evicted_sequences",
+            "Conversations evicted from the KV cache since start (least recently used first)",
+            registry=registry,
+        )
         self.ready = Gauge("drafter_ready", "1 when the engine is ready to draft", registry=registry)
+
+    def watch_cache(self, engine) -> None:
+        """Page gauges read the engine's tables when scraped (plain ints: no lock, no device access)."""
+        table = engine.table
+        self.kv_pages.labels("used").set_function(lambda: table.pages_in_use)
+        self.kv_pages.labels("idle").set_function(lambda: len(table.index.idle))
+        self.kv_pages.labels("free").set_function(lambda: table.allocator.num_free)
+        self.kv_evicted_sequences.set_function(lambda: table.counters.evicted_sequences)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

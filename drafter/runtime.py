@@ -17,6 +17,7 @@ from drafter.batcher import Batcher
 from drafter.config import ServerConfig
 from drafter.engine_thread import EngineThread
 from drafter.metrics import Metrics
+from drafter.request_body import BodyDeadlines
 from drafter.validation import Limits
 from engine.engine import Engine
 from engine.lifecycle import Lifecycle, State
@@ -38,6 +39,7 @@ class Runtime:
         self.engine_thread: EngineThread | None = None
         self.draining = False
         self.in_flight = 0  # /draft requests inside a handler; SIGTERM waits for this to reach 0
+        self.body_deadlines = BodyDeadlines(config.body_timeout_s)
         self.fatal = asyncio.Event()  # the engine could not load: the process should exit non-zero
         self.startup: asyncio.Task | None = None
 
@@ -69,8 +71,8 @@ class Runtime:
             )
             if engine.loaded.is_random_preset:
                 log.warning(
-                    "serving the %r preset: its weights are RANDOM, its drafts are meaningless "
-                    "(pass --model DIR to serve a real checkpoint)",
+                    "serving %r, whose weights are RANDOM (a preset, or an export of one): its drafts "
+                    "are meaningless (pass --model DIR to serve a real checkpoint)",
                     config.model,
                 )
             snapshot = await self.engine_thread.run(engine.warmup)
@@ -81,6 +83,7 @@ class Runtime:
             self.fatal.set()
             return
         self.engine = engine
+        self.metrics.watch_cache(engine)
         self.limits = Limits(
             vocab_size=engine.loaded.config.vocab_size,
             max_seq_len=config.max_seq_len,
@@ -116,6 +119,7 @@ class Runtime:
     async def drain(self) -> None:
         """Readiness goes 503 at once; wait (bounded) for requests already inside a handler to finish."""
         self.draining = True
+        self.body_deadlines.expire_all()  # a client still sending its body gets 503 now, not at its deadline
         log.info("draining: readiness is 503, waiting for %d in-flight request(s)", self.in_flight)
         deadline = time.monotonic() + self.config.drain_timeout_s
         while self.in_flight and time.monotonic() < deadline:

@@ -1,4 +1,5 @@
 """CUDA-only: capture the whole k-step decode loop of each (batch bucket, attention span) once, replay it.
+With flex attention there is one span (0: every row reads its own pages at its exact length).
 
 We capture by hand over the (optionally compiled) step rather than use torch.compile's `reduce-overhead`
 mode: reduce-overhead graphs one call of the compiled function, which would leave one launch and a Python
@@ -19,7 +20,9 @@ class CapturedLoops:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.memory_bytes = 0
 
-    def capture(self, step: StepFn, buffers: dict[int, DecodeBuffers], kv_buckets, num_steps, rope, cache):
+    def capture(
+        self, step: StepFn, buffers: dict[int, DecodeBuffers], kv_buckets, num_steps, rope, cache, flex_pages
+    ):
         """Largest bucket first so smaller graphs reuse its pool; a warmup run precedes each capture."""
         pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize()
@@ -27,11 +30,13 @@ class CapturedLoops:
         for bucket in sorted(buffers, reverse=True):
             for kv_len in sorted(kv_buckets, reverse=True):
                 bufs = buffers[bucket]
-                run_loop(step, bufs, num_steps, kv_len, rope, cache)  # warmup: compile, autotune, allocate
+                run_loop(
+                    step, bufs, num_steps, kv_len, rope, cache, flex_pages=flex_pages
+                )  # warmup: compile, autotune, allocate
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    run_loop(step, bufs, num_steps, kv_len, rope, cache)
+                    run_loop(step, bufs, num_steps, kv_len, rope, cache, flex_pages=flex_pages)
                 self.graphs[(bucket, kv_len)] = graph
         torch.cuda.synchronize()
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])

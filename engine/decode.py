@@ -1,10 +1,10 @@
 """The k-step greedy decode loop over static buffers, shared by every execution path.
 
-A batch bucket owns fixed input buffers (last context token, its position, the slot to read/write) and
-fixed output buffers ([bucket, max_draft_tokens] tokens and probabilities). `run_loop` reads the inputs and
-writes the outputs in place, feeding each argmax into the next step without leaving the device, so the
-same function runs eagerly on CPU, compiled, or captured once into a CUDA graph and replayed (see
-`engine/cuda_graphs.py`). Rows past the real batch are padding: they read and write the scratch slot.
+A batch bucket owns fixed input buffers (last context token, its position, the row's page table) and fixed
+output buffers ([bucket, max_draft_tokens] tokens and probabilities). `run_loop` reads the inputs and writes
+the outputs in place, feeding each argmax into the next step without leaving the device, so the same
+function runs eagerly on CPU, compiled, or captured once into a CUDA graph and replayed (see
+`engine/cuda_graphs.py`). Rows past the real batch are padding: their page table is all scratch page.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.attention import FlexReads, SdpaReads, gather_slots, physical_to_logical
 from engine.model import Qwen3
 
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -20,16 +21,25 @@ StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 def greedy_step(
     model: Qwen3,
+    attention: str,  # "sdpa" | "flex"
+    page_size: int,
     tokens: torch.Tensor,  # [B] the token at `positions`
     positions: torch.Tensor,  # [B]
-    slots: torch.Tensor,  # [B]
-    kv_len: int,
+    page_table: torch.Tensor,  # [B, max_pages]
+    inverse: torch.Tensor | None,  # [B, num_pages] physical_to_logical, for flex
+    kv_len: int,  # sdpa: positions read per row
     rope: tuple[torch.Tensor, torch.Tensor],
     cache: tuple[torch.Tensor, torch.Tensor],
-    read_slots: torch.Tensor | slice | None = None,  # `slots` as a range, when they are contiguous
+    view: slice | None = None,  # sdpa, one row on consecutive pages: its flat slots as a slice
 ) -> tuple[torch.Tensor, torch.Tensor]:  # next token [B], its probability [B]
-    reads = slots if read_slots is None else read_slots
-    hidden = model(tokens[:, None], positions[:, None], slots[:, None], reads, kv_len, rope, cache)
+    query_positions = positions[:, None]  # [B, 1]
+    write_index = page_table.gather(1, query_positions // page_size) * page_size + query_positions % page_size
+    if attention == "flex":
+        reads = FlexReads(page_table, inverse, query_positions, page_size, cache[0].shape[1])
+    else:
+        slots = view if view is not None else gather_slots(page_table, kv_len, page_size)
+        reads = SdpaReads(slots, query_positions, kv_len)
+    hidden = model(tokens[:, None], query_positions, write_index, reads, rope, cache)
     logits = model.logits(hidden[:, -1])  # [B, vocab] fp32
     best = logits.max(dim=-1)
     # argmax of the logits (first index on ties, as transformers' greedy search), and its softmax mass.
@@ -38,36 +48,49 @@ def greedy_step(
 
 
 class DecodeBuffers:
-    """Static inputs and outputs of one batch bucket; filled in place, never reallocated."""
+    """Static inputs and outputs of one batch bucket; filled in place by one host-to-device copy."""
 
-    def __init__(self, bucket: int, max_steps: int, scratch_slot: int, device):
+    def __init__(self, bucket: int, max_steps: int, max_pages: int, device):
         self.bucket = bucket
-        self.scratch_slot = scratch_slot
-        self.tokens = torch.zeros(bucket, dtype=torch.long, device=device)  # [bucket]
-        self.positions = torch.zeros(bucket, dtype=torch.long, device=device)  # [bucket]
-        self.slots = torch.full((bucket,), scratch_slot, dtype=torch.long, device=device)  # [bucket]
+        # One flat buffer, so one copy fills every input; each input a contiguous view of it.
+        self.inputs = torch.zeros(bucket * (2 + max_pages), dtype=torch.long, device=device)
+        self.tokens = self.inputs[:bucket]  # [bucket]
+        self.positions = self.inputs[bucket : 2 * bucket]  # [bucket]
+        self.page_table = self.inputs[2 * bucket :].view(bucket, max_pages)  # scratch page 0 past the end
         self.out_tokens = torch.zeros(bucket, max_steps, dtype=torch.long, device=device)
         self.out_probs = torch.zeros(bucket, max_steps, dtype=torch.float32, device=device)
+        pinned = torch.device(device).type == "cuda"
+        self.host = torch.zeros(bucket * (2 + max_pages), dtype=torch.long, pin_memory=pinned)
+        self.max_pages = max_pages
 
-    def fill(self, tokens: list[int], positions: list[int], slots: list[int]) -> None:
-        n = len(tokens)
-        pad = self.bucket - n
-        host = torch.tensor(
-            [tokens + [0] * pad, positions + [0] * pad, slots + [self.scratch_slot] * pad], dtype=torch.long
-        )
-        self.tokens.copy_(host[0], non_blocking=True)
-        self.positions.copy_(host[1], non_blocking=True)
-        self.slots.copy_(host[2], non_blocking=True)
+    def fill(self, tokens: list[int], positions: list[int], page_tables: list[list[int]]) -> None:
+        host, bucket = self.host, self.bucket
+        host.zero_()  # padding rows: token 0 at position 0 on the scratch page
+        host[: len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+        host[bucket : bucket + len(positions)] = torch.as_tensor(positions, dtype=torch.long)
+        table = host[2 * bucket :].view(bucket, self.max_pages)
+        for row, pages in enumerate(page_tables):
+            table[row, : len(pages)] = torch.as_tensor(pages)
+        self.inputs.copy_(host, non_blocking=True)
 
 
 def run_loop(
-    step: StepFn, buffers: DecodeBuffers, num_steps: int, kv_len: int, rope, cache, read_slots=None
+    step: StepFn,
+    buffers: DecodeBuffers,
+    num_steps: int,
+    kv_len: int,
+    rope,
+    cache,
+    view: slice | None = None,  # one row's kv_len flat slots, when on consecutive pages (every step's)
+    flex_pages: int | None = None,  # the pool's page count when attention is flex
 ) -> None:
     """`num_steps` greedy steps from the buffers' inputs into their outputs; no host sync inside."""
-    tokens, positions = buffers.tokens, buffers.positions
-    extra = {} if read_slots is None else {"read_slots": read_slots}
+    # Fresh tensors, like the ones each step returns: compiled code guards on whether an input is a view.
+    tokens, positions = buffers.tokens.clone(), buffers.positions.clone()
+    inverse = None if flex_pages is None else physical_to_logical(buffers.page_table, flex_pages)
+    extra = {} if view is None else {"view": view}
     for i in range(num_steps):
-        tokens, probs = step(tokens, positions, buffers.slots, kv_len, rope, cache, **extra)
+        tokens, probs = step(tokens, positions, buffers.page_table, inverse, kv_len, rope, cache, **extra)
         buffers.out_tokens[:, i].copy_(tokens)
         buffers.out_probs[:, i].copy_(probs)
         positions = positions + 1

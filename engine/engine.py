@@ -1,9 +1,10 @@
 """The drafting engine: token ids in, greedy draft token ids out.
 
-It owns the model, the static KV cache and the slot table, and runs on one thread that owns the device
-(compiled and graph-captured code is not thread-safe). A batch of requests is served as: match each to a
-slot and keep the cached prefix, prefill only the new tokens, then one k-step greedy decode loop for the
-whole batch with a single host sync at the end. The engine knows nothing of HTTP or tokenizers.
+It owns the model, the paged KV cache (the page pool and the sequence table over it) and runs on one thread
+that owns the device (compiled and graph-captured code is not thread-safe). A batch of requests is served
+as: place each on a sequence and keep the longest cached prefix (its own, or any conversation's full pages),
+prefill only the new tokens, then one k-step greedy decode loop for the whole batch with a single host sync
+at the end. The engine knows nothing of HTTP or tokenizers.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ import numpy as np
 import torch
 
 from engine import compile as compile_step
-from engine.config import EngineConfig
+from engine.cache.pool import PagePool, bytes_per_token
+from engine.cache.sequences import CacheFull, SequenceTable
+from engine.config import ConfigError, EngineConfig
 from engine.decode import DecodeBuffers, greedy_step, run_loop
-from engine.kv_cache import KVCache
 from engine.lifecycle import Lifecycle, State
 from engine.loader import LoadedModel, load_model
 from engine.model import rope_table
-from engine.prefill import PrefillRow, prefill
+from engine.prefill import PrefillRow, contiguous, prefill
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
-from engine.slots import SlotTable
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +40,27 @@ class Engine:
         self.model = loaded.model
         self.lifecycle = lifecycle or Lifecycle()
         self.device = torch.device(config.device)
-        model_config = loaded.config
-        self.cache = KVCache(
-            model_config, config.max_slots, config.cache_len, DTYPES[config.dtype], self.device
+        model_config, dtype = loaded.config, DTYPES[config.dtype]
+        budget_tokens = config.kv_cache_tokens or int(
+            config.budget_gb * 2**30 / bytes_per_token(model_config, dtype)
         )
+        num_pages = budget_tokens // config.page_size + 1  # + the scratch page
+        if num_pages - 1 < config.max_pages_per_seq:
+            raise ConfigError(
+                f"the KV-cache budget holds {budget_tokens} positions, fewer than one request of max_seq_len + "
+                f"max_draft_tokens ({config.cache_len}): raise --kv-cache-gb or lower --max-seq-len"
+            )
+        self.pool = PagePool(
+            model_config, num_pages, config.page_size, dtype, self.device, zeroed=config.attention == "flex"
+        )
+        self.reset_cache()
         self.rope = tuple(t.to(self.device) for t in rope_table(model_config, config.cache_len))
-        self.slots = SlotTable(config.max_slots, config.cache_len)
         self.buffers = {
-            b: DecodeBuffers(b, config.max_draft_tokens, self.cache.scratch_slot, self.device)
+            b: DecodeBuffers(b, config.max_draft_tokens, config.max_pages_per_seq, self.device)
             for b in config.buckets
         }
-        self.step = functools.partial(greedy_step, self.model)
+        self.step = functools.partial(greedy_step, self.model, config.attention, config.page_size)
+        self.flex_pages = num_pages if config.attention == "flex" else None
         self.graphs = None  # CapturedLoops once captured
         self.static_shapes = False  # compiled or captured: every loop runs in a padded batch bucket
         self.eager_buffers: dict[int, DecodeBuffers] = {}
@@ -81,15 +92,20 @@ class Engine:
         self.lifecycle.state = State.READY
         return self.lifecycle.snapshot()
 
+    @property
+    def spans(self) -> tuple[int, ...]:
+        """The kv_len values static-shape loops are built for: sdpa's power-of-two spans, or flex's one."""
+        return (0,) if self.flex_pages else self.config.kv_buckets
+
     def compile(self) -> None:
         try:
-            step = compile_step.compiled(
-                self.step, num_shapes=len(self.buffers) * len(self.config.kv_buckets)
-            )
+            step = compile_step.compiled(self.step, num_shapes=len(self.buffers) * len(self.spans))
             for bucket in self.buffers.values():
-                for kv_len in self.config.kv_buckets:
+                for kv_len in self.spans:
                     self.reset_buffers(bucket)
-                    run_loop(step, bucket, 1, kv_len, self.rope, self.cache.tensors)
+                    run_loop(
+                        step, bucket, 1, kv_len, self.rope, self.pool.tensors, flex_pages=self.flex_pages
+                    )
             self.step, self.static_shapes = step, True
         except Exception as error:  # noqa: BLE001 - compile failures vary by backend; eager still works
             self.lifecycle.fall_back(f"torch.compile failed, serving eager: {type(error).__name__}: {error}")
@@ -104,10 +120,11 @@ class Engine:
             graphs.capture(
                 self.step,
                 self.buffers,
-                self.config.kv_buckets,
+                self.spans,
                 self.config.max_draft_tokens,
                 self.rope,
-                self.cache.tensors,
+                self.pool.tensors,
+                self.flex_pages,
             )
         except Exception as error:  # noqa: BLE001 - a failed capture must not take the server down
             self.lifecycle.fall_back(f"CUDA graph capture failed, serving without graphs: {error}")
@@ -115,36 +132,44 @@ class Engine:
         self.graphs, self.static_shapes = graphs, True
         self.lifecycle.captured = {
             "batch_buckets": sorted(self.buffers),
-            "kv_buckets": list(self.config.kv_buckets),
+            "kv_buckets": list(self.spans),
             "num_draft_tokens": self.config.max_draft_tokens,
             "num_graphs": len(graphs.graphs),
             "memory_bytes": graphs.memory_bytes,
         }
 
     def reset_buffers(self, buffers: DecodeBuffers) -> None:
-        """Point every row at the scratch slot, so warmup and capture never write a conversation's cache."""
+        """Point every row at the scratch page, so warmup and capture never write a conversation's cache."""
         buffers.fill([], [], [])
 
     def run_warmup_draft(self) -> None:
-        """One prefill pass and one decode loop on the scratch slot: first-call costs (allocator, kernels)."""
-        scratch = self.cache.scratch_slot
+        """One prefill pass and one decode loop on the scratch page: first-call costs (allocator, kernels)."""
+        scratch = [0] * self.config.max_pages_per_seq
         prefill(
             self.model,
             [PrefillRow(scratch, np.zeros(8, dtype=np.int64), 0)],
             self.config.prefill_chunk,
-            scratch,
+            self.config.page_size,
             self.rope,
-            self.cache.tensors,
+            self.pool.tensors,
         )
         bucket = self.buffers[self.config.buckets[0]]
         self.reset_buffers(bucket)
         self.run_decode(bucket, self.config.max_draft_tokens, self.kv_span(self.config.max_draft_tokens))
 
+    def reset_cache(self) -> None:
+        """Forget every cached conversation (the pool's contents are simply no longer referenced)."""
+        cfg = self.config
+        self.table = SequenceTable(self.pool.num_pages, cfg.page_size, cfg.max_pages_per_seq)
+
     # -- drafting -------------------------------------------------------------------------------------
 
     def kv_span(self, num_positions: int) -> int:
-        """Positions a decode loop attends over. Eager reads exactly those (rounding 4.1k up to 8k costs
-        1.3x per call on CPU); compiled and captured loops round up to a span they were built for."""
+        """Positions an sdpa decode loop attends over. Eager reads exactly those (rounding 4.1k up to 8k costs
+        1.3x per call on CPU); compiled and captured loops round up to a span they were built for; flex
+        reads each row's own pages at its exact length whatever the path."""
+        if self.flex_pages:
+            return 0
         if not self.static_shapes:
             return num_positions
         spans = self.config.kv_buckets
@@ -154,62 +179,71 @@ class Engine:
         return self.draft_batch([DraftRequest(tokens, num_draft_tokens, session)])[0].tokens
 
     def draft_batch(self, requests: list[DraftRequest]) -> list[DraftResult]:
-        """Greedy drafts for up to max_batch_size requests in one decode loop."""
+        """Greedy drafts for up to max_batch_size requests in one decode loop; a batch whose pages do not fit
+        the pool together is drafted in halves (one request always fits: the config guarantees it)."""
         cfg = self.config
         if not 1 <= len(requests) <= cfg.max_batch_size:
             raise DraftError(f"a batch holds 1 to {cfg.max_batch_size} requests, got {len(requests)}")
         vocab = self.loaded.config.vocab_size
         contexts = [as_token_array(r, vocab, cfg.max_seq_len, cfg.max_draft_tokens) for r in requests]
-        assignments = self.slots.assign([(c, r.session) for c, r in zip(contexts, requests, strict=True)])
-        for assignment, request in zip(assignments, requests, strict=True):
-            self.slots.begin(assignment, request.session)
+        # Graphs always run max_draft_tokens steps; eager runs only as many as the batch asks for.
+        num_steps = cfg.max_draft_tokens if self.graphs else max(r.num_draft_tokens for r in requests)
+        try:
+            placements = self.table.place(
+                [(c, r.session, len(c) - 1 + num_steps) for c, r in zip(contexts, requests, strict=True)]
+            )
+        except CacheFull:
+            if len(requests) == 1:
+                raise
+            half = len(requests) // 2
+            return self.draft_batch(requests[:half]) + self.draft_batch(requests[half:])
 
+        self.pool.clear_new([page for p in placements for page in p.sequence.pages])
         start = time.perf_counter()
         rows = [
-            PrefillRow(a.slot, c[a.reuse : len(c) - 1], a.reuse)
-            for a, c in zip(assignments, contexts, strict=True)
+            PrefillRow(p.sequence.pages, c[p.reuse : len(c) - 1], p.reuse)
+            for p, c in zip(placements, contexts, strict=True)
         ]
-        rows = [row for row in rows if len(row.tokens)]
         prefill(
             self.model,
-            rows,
+            [row for row in rows if len(row.tokens)],
             cfg.prefill_chunk,
-            self.cache.scratch_slot,
+            cfg.page_size,
             self.rope,
-            self.cache.tensors,
+            self.pool.tensors,
         )
         self.sync()
         prefilled = time.perf_counter()
 
-        # Graphs always run max_draft_tokens steps; eager runs only as many as the batch asks for.
-        num_steps = cfg.max_draft_tokens if self.graphs else max(r.num_draft_tokens for r in requests)
-        slots = [a.slot for a in assignments]
+        page_tables = [p.sequence.pages for p in placements]
         buffers = self.decode_buffers(len(requests))
-        buffers.fill([int(c[-1]) for c in contexts], [len(c) - 1 for c in contexts], slots)
+        buffers.fill([int(c[-1]) for c in contexts], [len(c) - 1 for c in contexts], page_tables)
         kv_len = self.kv_span(max(len(c) for c in contexts) - 1 + num_steps)
-        self.run_decode(buffers, num_steps, kv_len, self.contiguous_reads(buffers, slots))
+        view = None
+        if not self.static_shapes and not self.flex_pages and len(requests) == 1:
+            view = contiguous(page_tables[0], kv_len, cfg.page_size)
+        self.run_decode(buffers, num_steps, kv_len, view)
         drafts = buffers.out_tokens[: len(requests), :num_steps].tolist()  # the one host sync of the loop
         probs = buffers.out_probs[: len(requests), :num_steps].tolist()
         decoded = time.perf_counter()
 
         results = []
-        for request, context, assignment, draft, prob in zip(
-            requests, contexts, assignments, drafts, probs, strict=True
+        for request, context, placement, draft, prob in zip(
+            requests, contexts, placements, drafts, probs, strict=True
         ):
-            # The slot now holds the context and every draft token fed back into the loop.
-            self.slots.commit(
-                assignment.slot, np.concatenate([context, np.asarray(draft[:-1], dtype=np.int64)])
-            )
+            # The sequence now holds the context and every draft token fed back into the loop.
+            self.table.commit(placement, np.concatenate([context, np.asarray(draft[:-1], dtype=np.int64)]))
             k = request.num_draft_tokens
             results.append(
                 DraftResult(
                     tokens=draft[:k],
                     probs=prob[:k],
-                    cached=assignment.reuse,
-                    prefilled=len(context) - assignment.reuse,
-                    evicted=assignment.evicted,
+                    cached=placement.reuse,
+                    prefilled=len(context) - placement.reuse,
+                    evicted=placement.evicted > 0,
                     prefill_ms=(prefilled - start) * 1e3,
                     decode_ms=(decoded - prefilled) * 1e3,
+                    shared=placement.shared,
                 )
             )
         self.count(results)
@@ -221,21 +255,17 @@ class Engine:
             return self.buffers[self.config.buckets[bisect.bisect_left(self.config.buckets, batch)]]
         if batch not in self.eager_buffers:
             self.eager_buffers[batch] = DecodeBuffers(
-                batch, self.config.max_draft_tokens, self.cache.scratch_slot, self.device
+                batch, self.config.max_draft_tokens, self.config.max_pages_per_seq, self.device
             )
         return self.eager_buffers[batch]
 
-    def contiguous_reads(self, buffers: DecodeBuffers, slots: list[int]) -> slice | None:
-        """Eager batches over consecutive slots (every single request) attend over a view of the cache."""
-        if self.static_shapes or slots != list(range(slots[0], slots[0] + buffers.bucket)):
-            return None
-        return slice(slots[0], slots[0] + buffers.bucket)
-
-    def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, read_slots=None) -> None:
+    def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, view=None) -> None:
         if self.graphs is not None:
             self.graphs.replay(buffers.bucket, kv_len)
         else:
-            run_loop(self.step, buffers, num_steps, kv_len, self.rope, self.cache.tensors, read_slots)
+            run_loop(
+                self.step, buffers, num_steps, kv_len, self.rope, self.pool.tensors, view, self.flex_pages
+            )
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -250,6 +280,24 @@ class Engine:
             stats.tokens_prefilled += result.prefilled
             stats.draft_tokens += len(result.tokens)
             stats.evictions += result.evicted
+            stats.shared_tokens += result.shared
+
+    def cache_info(self) -> dict:
+        cfg, pool, table = self.config, self.pool, self.table
+        return {
+            "page_size": cfg.page_size,
+            "pool_pages": pool.num_pages - 1,
+            "pool_tokens": (pool.num_pages - 1) * cfg.page_size,
+            "pool_bytes": pool.num_bytes,
+            "budget_gb": cfg.budget_gb if cfg.kv_cache_tokens is None else None,
+            "pages_used": table.pages_in_use,
+            "pages_idle": len(table.index.idle),
+            "pages_free": table.allocator.num_free,
+            "sequences": len(table.sequences),
+            "shared_prefix_tokens": table.counters.shared_tokens,
+            "evicted_sequences": table.counters.evicted_sequences,
+            "evicted_pages": table.counters.evicted_pages,
+        }
 
     def info(self) -> dict:
         cfg, model_cfg = self.config, self.loaded.config
@@ -260,13 +308,13 @@ class Engine:
             "max_context": cfg.max_seq_len,
             "max_draft_tokens": cfg.max_draft_tokens,
             "max_batch_size": cfg.max_batch_size,
-            "max_slots": cfg.max_slots,
             "quantization": self.loaded.quantization,
             "device": cfg.device,
             "dtype": cfg.dtype,
             "compile": cfg.compile,
             "cuda_graphs": self.graphs is not None,
+            "attention": cfg.attention,
             "batch_buckets": list(cfg.buckets),
-            "kv_buckets": list(cfg.kv_buckets),
-            "kv_cache_bytes": self.cache.num_bytes,
+            "kv_buckets": list(self.spans),
+            "kv_cache": self.cache_info(),
         }

@@ -42,7 +42,9 @@ class Lifecycle:
 
     def fall_back(self, what: str) -> None:
         log.warning("%s", what)
-        self.fallbacks = [*self.fallbacks, what]
+        # A compiler error can run to megabytes; readiness shows its first line, the log keeps all of it.
+        first = what.splitlines()[0] if what else what
+        self.fallbacks = [*self.fallbacks, first[:500]]
 
     def fail(self, reason: str) -> None:
         log.error("engine failed: %s", reason)

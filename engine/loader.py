@@ -20,6 +20,8 @@ from engine.model import Qwen3
 from engine.presets import PRESETS, is_preset, preset_state_dict
 
 log = logging.getLogger(__name__)
+# config.json key that export/ sets on a preset's checkpoint, so "these weights are random" survives export.
+RANDOM_WEIGHTS_KEY = "drafter_random_weights"
 
 
 class LoadError(ValueError):
@@ -32,7 +34,7 @@ class LoadedModel:
     config: ModelConfig
     quantization: str  # "none" | "fp8-weight-only" | "fp8-dynamic"
     source: str
-    is_random_preset: bool
+    is_random_preset: bool  # a preset, or a checkpoint exported from one (RANDOM_WEIGHTS_KEY)
 
 
 def read_hf_config(directory: Path) -> dict:
@@ -119,6 +121,7 @@ def load_model(
     if is_preset(source):
         config, quantization = PRESETS[source], "none"
         tensors = preset_state_dict(source)
+        random_weights = True
     else:
         directory = Path(source)
         hf = read_hf_config(directory)
@@ -132,6 +135,7 @@ def load_model(
 
             quantization = quantization_from_config(hf["quantization_config"])
         tensors = read_tensors(checkpoint_files(directory))
+        random_weights = hf.get(RANDOM_WEIGHTS_KEY) is True
     model = build_empty(config, quantization)
     model.load_state_dict(check_and_cast(model, tensors, dtype, device), strict=False, assign=True)
     if config.tie_word_embeddings:
@@ -143,4 +147,4 @@ def load_model(
         raise LoadError(f"tensors left unassigned after loading: {leftover[:3]}")
     model.eval().requires_grad_(False)
     log.info("loaded %s (%s, %s) on %s", source, quantization, dtype, device)
-    return LoadedModel(model, config, quantization, source, is_random_preset=is_preset(source))
+    return LoadedModel(model, config, quantization, source, is_random_preset=random_weights)

@@ -1,9 +1,10 @@
-"""Qwen3 in plain PyTorch, reading and writing a static KV cache.
+"""Qwen3 in plain PyTorch, reading and writing a paged KV cache.
 
 Parameter names mirror transformers' `Qwen3ForCausalLM`, so an HF state dict assigns onto this module as is.
-One forward serves prefill and decode: every token carries its own position and the cache slot it is
-written to, and every sequence reads one slot, so sequences of different lengths share a batch.
-The model knows nothing of slots' contents, requests or tokenizers.
+One forward serves prefill and decode: every token carries its own position and the flat pool slot its
+keys/values are written to, and `reads` (engine/attention.py) says how each sequence reads its own pages,
+so sequences of different lengths share a batch. The model knows nothing of pages' contents, requests or
+tokenizers.
 """
 
 from __future__ import annotations
@@ -62,12 +63,10 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [B, S, hidden]
         cos: torch.Tensor,  # [B, S, 1, head_dim]
         sin: torch.Tensor,  # [B, S, 1, head_dim]
-        mask: torch.Tensor,  # [B, 1, S, kv_len] bool, True where a query may attend
-        k_cache: torch.Tensor,  # [slots, cache_len, kv_heads, head_dim]
-        v_cache: torch.Tensor,  # [slots, cache_len, kv_heads, head_dim]
-        write_slots: torch.Tensor,  # [B, S] slot each token's keys/values are written to
-        positions: torch.Tensor,  # [B, S]
-        read_slots: torch.Tensor | slice,  # [B] slot each sequence attends over, or a contiguous range
+        k_pool: torch.Tensor,  # [pool_len, kv_heads, head_dim], this layer's pages, flat
+        v_pool: torch.Tensor,  # [pool_len, kv_heads, head_dim]
+        write_index: torch.Tensor,  # [B, S] flat pool slot each token's keys/values are written to
+        reads,  # SdpaReads | FlexReads: which slots each sequence attends over
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim))
@@ -75,18 +74,11 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        # Write before reading, so each token attends to itself; stale entries past a
-        # sequence's position are masked, which is what lets a slot be overwritten in place.
-        k_cache[write_slots, positions] = k.to(k_cache.dtype)
-        v_cache[write_slots, positions] = v.to(v_cache.dtype)
-        kv_len = mask.shape[-1]
-        # A slice reads a view; a tensor of slots gathers a copy (about 4x slower attention at 16k on CPU),
-        # which static-shape paths (compiled, CUDA graphs) need because their slots live on the device.
-        keys = k_cache[read_slots, :kv_len].transpose(1, 2)  # [B, kv_heads, kv_len, head_dim]
-        values = v_cache[read_slots, :kv_len].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
-        )
+        # Write before reading, so each token attends to itself; slots past a sequence's position are
+        # masked, which is what lets a page be overwritten in place.
+        k_pool[write_index] = k.to(k_pool.dtype)
+        v_pool[write_index] = v.to(v_pool.dtype)
+        out = reads.attend(q.transpose(1, 2), k_pool, v_pool)  # [B, H, S, head_dim]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
 
 
@@ -109,10 +101,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, write_slots, positions, read_slots):
-        x = x + self.self_attn(
-            self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, write_slots, positions, read_slots
-        )
+    def forward(self, x, cos, sin, k_pool, v_pool, write_index, reads):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, write_index, reads)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -139,20 +129,17 @@ class Qwen3(nn.Module):
         self,
         input_ids: torch.Tensor,  # [B, S]
         positions: torch.Tensor,  # [B, S]
-        write_slots: torch.Tensor,  # [B, S]
-        read_slots: torch.Tensor | slice,  # [B], or a contiguous range of slots
-        kv_len: int,  # attention span: every position a sequence may attend to is < kv_len
-        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [cache_len, head_dim]
-        cache: tuple[torch.Tensor, torch.Tensor],  # k, v: [layers, slots, cache_len, kv_heads, head_dim]
+        write_index: torch.Tensor,  # [B, S] flat pool slot of each token
+        reads,  # SdpaReads | FlexReads (engine/attention.py)
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [max_positions, head_dim]
+        cache: tuple[torch.Tensor, torch.Tensor],  # k, v: [layers, pool_len, kv_heads, head_dim]
     ) -> torch.Tensor:  # [B, S, hidden]
         x = self.model.embed_tokens(input_ids)
         cos = rope[0][positions].unsqueeze(2).to(x.dtype)
         sin = rope[1][positions].unsqueeze(2).to(x.dtype)
-        key_positions = torch.arange(kv_len, device=input_ids.device)
-        mask = (key_positions[None, None, :] <= positions[:, :, None]).unsqueeze(1)
         k_cache, v_cache = cache
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, mask, k_cache[i], v_cache[i], write_slots, positions, read_slots)
+            x = layer(x, cos, sin, k_cache[i], v_cache[i], write_index, reads)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

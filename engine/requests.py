@@ -21,7 +21,7 @@ class DraftError(ValueError):
 class DraftRequest:
     tokens: Sequence[int]  # the whole context
     num_draft_tokens: int
-    session: str | None = None  # a hint naming the conversation, for slot placement
+    session: str | None = None  # a hint naming the conversation, for cache placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +30,10 @@ class DraftResult:
     probs: list[float]  # the drafter's probability of each draft token
     cached: int  # context tokens served from the KV cache
     prefilled: int  # context tokens computed for this request
-    evicted: bool  # this request evicted another conversation's slot
+    evicted: bool  # this request evicted another conversation's cached pages
     prefill_ms: float  # of the whole batch
     decode_ms: float  # of the whole batch
+    shared: int = 0  # of `cached`, tokens found on other conversations' pages (the prefix index)
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class EngineStats:
     tokens_prefilled: int = 0
     draft_tokens: int = 0
     evictions: int = 0
+    shared_tokens: int = 0
     batch_sizes: Counter = field(default_factory=Counter)
 
 

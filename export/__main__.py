@@ -26,6 +26,8 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
     import torch
     from transformers import Qwen3ForCausalLM
 
+    from engine.loader import RANDOM_WEIGHTS_KEY
+    from engine.presets import is_preset
     from export.checkpoint import (
         ExportError,
         check_qwen3,
@@ -48,6 +50,8 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
             raise ExportError("destination is the source directory; choose another destination")
         with staged_directory(destination, force) as staging:
             hf_config = check_qwen3(directory)
+            if is_preset(source):  # its weights are random; whoever serves the export must be told
+                hf_config[RANDOM_WEIGHTS_KEY] = True
             log.info("loading %s", source)
             model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
             prompts = make_prompts(directory, model.config.vocab_size)

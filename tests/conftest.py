@@ -1,4 +1,5 @@
-"""Shared test fixtures: tiny random transformers Qwen3 checkpoints (the oracle) written to temp dirs."""
+"""Shared test fixtures: tiny random transformers Qwen3 checkpoints (the oracle) written to temp dirs, and
+the tiny preset exported to FP8 in both modes."""
 
 from __future__ import annotations
 
@@ -42,12 +43,27 @@ def hf_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """For small models one thread is as fast, and does not stall when other processes hold the cores: on a
-    busy 2-core machine two intra-op threads made a tiny target's 24-token generate 40x slower."""
-    previous = torch.get_num_threads()
+    """For small models one thread is as fast, and does not stall when other processes hold the cores (two
+    spinning OpenMP threads on a busy 2-core machine make every small matmul 5-10x slower)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
-    torch.set_num_threads(previous)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """mode -> (directory, report) of the tiny preset exported with `python -m export`'s run_export."""
+    from export.__main__ import run_export
+    from tests.export_helpers import MODES
+
+    root = tmp_path_factory.mktemp("export")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {mode: (root / mode, run_export("tiny", root / mode, mode)) for mode in MODES}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

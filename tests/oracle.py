@@ -60,3 +60,19 @@ def hf_greedy(model, tokens: list[int], num_draft_tokens: int) -> list[int]:
             min_new_tokens=num_draft_tokens,
         )
     return out[0, len(tokens) :].tolist()
+
+
+def fresh_forward(engine, tokens: list[int]):
+    """The engine model's final hidden states [1, len, hidden] of one pass over `tokens`, written to fresh
+    consecutive pages after forgetting every cached conversation (the modules and pool a draft runs on)."""
+    from engine.attention import SdpaReads
+
+    engine.reset_cache()
+    n, size = len(tokens), engine.config.page_size
+    positions = torch.arange(n)[None]
+    slots = slice(size, size + n)  # pages 1, 2, ...: page 0 is scratch
+    reads = SdpaReads(slots, positions, n)
+    write_index = torch.arange(size, size + n)[None]
+    return engine.model(
+        torch.tensor([tokens]), positions, write_index, reads, engine.rope, engine.pool.tensors
+    )

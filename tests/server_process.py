@@ -1,96 +1,34 @@
-"""A real drafter server in a subprocess for the server tests: Hypercorn on 127.0.0.1, port 0 (the kernel
-picks a free one; we read it back from Hypercorn's "Running on" log line, so no port race), its log in a
-file the test can show on failure.
+"""The servers the tests share: the main server's arguments, `shared_server` (one process per distinct
+argument list for the whole session), and helpers to read /metrics and build draft bodies. Starting a
+process is bench/server.py's `ServerProcess`, the one launcher tests and benchmarks share.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-import httpx
 from pytest import StashKey
 
-REPO = Path(__file__).resolve().parents[1]
-RUNNING_ON = re.compile(r"Running on http://([\d.]+):(\d+)")
+from bench.server import REPO, ServerProcess
+
+__all__ = ["REPO", "ServerProcess", "shared_server", "metric_value", "draft_body", "main_oracle"]
+
 SERVERS: StashKey[dict] = StashKey()
 
 # The server most tests share: the tiny preset on CPU, small enough contexts to draft in milliseconds, a
-# queue deep enough for the 64-client test, and a window wide enough that concurrent clients batch.
-MAIN_SIZES = dict(max_seq_len=512, max_batch_size=8, max_slots=16, max_draft_tokens=16)
+# queue deep enough for the 64-client test, a window wide enough that concurrent clients batch, and a body
+# deadline short enough for a test to wait it out.
+MAIN_SIZES = dict(max_seq_len=512, max_batch_size=8, max_draft_tokens=16)
+BODY_TIMEOUT_S = 2.0
 MAIN_ARGS = [
     *(f"--{name.replace('_', '-')}={value}" for name, value in MAIN_SIZES.items()),
     "--max-queue=256",
     "--batch-window-ms=1",
     "--request-timeout-s=30",
+    f"--body-timeout-s={BODY_TIMEOUT_S}",
     "--device=cpu",
 ]
-
-
-class ServerProcess:
-    def __init__(self, args: list[str], command: list[str] | None = None, env: dict | None = None, cwd=None):
-        fd, self.log_path = tempfile.mkstemp(prefix="drafter-", suffix=".log")
-        base = command or [sys.executable, "-m", "drafter", "--port", "0"]
-        environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-        self.process = subprocess.Popen(
-            [*base, *args], stdout=fd, stderr=subprocess.STDOUT, env=environ, cwd=cwd or REPO
-        )
-        os.close(fd)  # the child holds its own copy
-        self.url: str | None = None
-
-    @property
-    def log(self) -> str:
-        return Path(self.log_path).read_text(errors="replace")
-
-    def wait_for_port(self, timeout_s: float = 60) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            match = RUNNING_ON.search(self.log)
-            if match:
-                self.url = f"http://{match[1]}:{match[2]}"
-                return self.url
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
-            time.sleep(0.05)
-        raise TimeoutError(f"server did not bind within {timeout_s} s:\n{self.log}")
-
-    def wait_ready(self, timeout_s: float = 90) -> str:
-        url = self.url or self.wait_for_port(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if httpx.get(f"{url}/health/ready").status_code == 200:
-                return url
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log}")
-            time.sleep(0.1)
-        raise TimeoutError(f"server not ready within {timeout_s} s:\n{self.log}")
-
-    def signal(self, signum: int = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-
-    def stop(self, timeout_s: float = 30) -> int:
-        self.signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.stop()
-        os.unlink(self.log_path)
+MAX_BODY_BYTES = 16 * MAIN_SIZES["max_seq_len"] + 4096  # ServerConfig.max_body_bytes
 
 
 def shared_server(config, args: list[str]) -> ServerProcess:

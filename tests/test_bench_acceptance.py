@@ -1,6 +1,7 @@
-"""`python bench/acceptance.py` against real drafter servers: with the target's own weights as the drafter every draft is accepted, with an FP8 export of them
-some are not, and either way the output is exactly transformers' greedy generate (lossless). Bad input
-exits 2 with one line saying why."""
+"""`python bench/acceptance.py` against real drafter servers: with the target's own weights as the drafter
+every draft is accepted, with an FP8 export of them some are not, and either way the output is exactly
+transformers' greedy generate (lossless). Bad input exits 2 with one line saying why. The loop itself is
+tested in tests/test_speculative.py."""
 
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ def test_acceptance_unreachable_server_exits_2(target):
         "--url",
         f"http://127.0.0.1:{port}",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's packages, not an installed copy
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's `bench`, not an installed copy
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "cannot reach the drafter" in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -97,7 +97,8 @@ def test_script_writes_the_json_and_plot_of_its_contract(tmp_path):
     out, png = tmp_path / "latency.json", tmp_path / "latency.png"
     command = [sys.executable, "bench/latency.py", "--quick", "--contexts", "64,256", "--draft-lengths", "4"]
     command += ["--concurrency", "1,2", "--calls", "3", "--json", str(out), "--plot", str(png)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's packages, not an installed copy
+    # PYTHONPATH: the script's `bench` imports must be this checkout's, whatever an installed copy says.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())

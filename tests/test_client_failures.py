@@ -31,14 +31,14 @@ from tests.server_process import ServerProcess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB_SIZE = HF_CONFIGS[TARGET_MODEL]["vocab_size"]
-# One request drafted at a time and one waiting: a few concurrent long contexts fill the server.
+# One request drafted at a time and one waiting: a few concurrent long contexts fill the server (the KV
+# cache keeps its CPU default: these tests do not depend on its size).
 SMALL_SERVER_ARGS = [
     "--device=cpu",
     "--dtype=float32",
     "--no-compile",
     "--max-seq-len=2048",
     "--max-batch-size=1",
-    "--max-slots=2",
     "--max-queue=1",
     "--batch-window-ms=0",
 ]

@@ -13,7 +13,7 @@ from engine.requests import DraftRequest
 from tests.oracle import hf_greedy
 
 # Two batch buckets and two attention spans (256, 496): a few graphs, so the cold compile stays near a minute.
-SMALL = dict(max_seq_len=480, max_slots=2, max_batch_size=2, batch_buckets=(1, 2), min_kv_bucket=256)
+SMALL = dict(max_seq_len=480, max_batch_size=2, batch_buckets=(1, 2), min_kv_bucket=256)
 
 
 @pytest.mark.slow
@@ -77,6 +77,6 @@ def test_cuda_graphs_need_a_cuda_device():
 
 
 def test_buckets_and_spans_cover_every_request():
-    config = EngineConfig(max_seq_len=1000, max_batch_size=6, max_slots=8, batch_buckets=(1, 2, 4, 8))
+    config = EngineConfig(max_seq_len=1000, max_batch_size=6, batch_buckets=(1, 2, 4, 8))
     assert config.buckets == (1, 2, 4, 6)
     assert config.kv_buckets == (256, 512, 1016) and config.cache_len == 1016

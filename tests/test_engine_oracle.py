@@ -7,26 +7,19 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from tests.oracle import HF_CONFIGS, hf_greedy
+from tests.oracle import HF_CONFIGS, fresh_forward, hf_greedy
 
 CONTEXT_LENGTHS = [1, 2, 7, 64, 333]
 
 
 def engine_for(directory, **overrides) -> Engine:
-    config = dict(max_seq_len=1024, max_slots=4, max_batch_size=4, prefill_chunk=512, min_kv_bucket=64)
+    config = dict(max_seq_len=1024, max_batch_size=4, prefill_chunk=512, min_kv_bucket=64)
     return Engine.load(str(directory), EngineConfig(**(config | overrides)))
 
 
 def our_logits(engine: Engine, tokens: list[int]) -> torch.Tensor:
-    """[len(tokens), vocab] logits of one full forward pass over a fresh slot."""
-    n = len(tokens)
-    ids = torch.tensor([tokens])
-    positions = torch.arange(n)[None]
-    slots = torch.zeros(1, n, dtype=torch.long)
-    hidden = engine.model(
-        ids, positions, slots, slots[:, 0], engine.kv_span(n), engine.rope, engine.cache.tensors
-    )
-    return engine.model.logits(hidden)[0]
+    """[len(tokens), vocab] logits of one full forward pass over fresh pages."""
+    return engine.model.logits(fresh_forward(engine, tokens))[0]
 
 
 @pytest.mark.parametrize("name", list(HF_CONFIGS))

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests import DraftError, DraftRequest
-from engine.slots import SlotTable
 from tests.oracle import hf_greedy
 
 VOCAB = 512  # of the "gqa2-untied" oracle model
@@ -19,15 +18,17 @@ VOCAB = 512  # of the "gqa2-untied" oracle model
 @pytest.fixture(scope="module")
 def engines(hf_checkpoint):
     model, directory = hf_checkpoint("gqa2-untied")
+    # A pool of 1,024 positions in 16-position pages: two 300-token conversations and their drafts
+    # fit, four do not, so the hypothesis runs below evict, share pages and cross page boundaries.
     config = EngineConfig(
-        max_seq_len=512, max_slots=2, max_batch_size=2, max_draft_tokens=8, min_kv_bucket=64
+        max_seq_len=512, max_batch_size=2, max_draft_tokens=8, page_size=16, kv_cache_tokens=1024
     )
     return model, Engine.load(str(directory), config), Engine.load(str(directory), config)
 
 
 def fresh_draft(engine: Engine, tokens, k) -> list[int]:
     """What an engine with an empty cache answers."""
-    engine.slots = SlotTable(engine.config.max_slots, engine.config.cache_len)
+    engine.reset_cache()
     return engine.draft(tokens, k)
 
 
@@ -85,7 +86,7 @@ def test_batched_drafts_equal_one_at_a_time(engines, batch):
         assert all(0.0 < p <= 1.0 for p in result.probs)
 
 
-def test_batch_of_identical_requests_uses_distinct_slots(engines):
+def test_batch_of_identical_requests_uses_distinct_sequences(engines):
     model, engine, _ = engines
     context = list(range(30))
     first, second = engine.draft_batch([DraftRequest(context, 5, "same"), DraftRequest(context, 5, "same")])
@@ -93,7 +94,7 @@ def test_batch_of_identical_requests_uses_distinct_slots(engines):
 
 
 def test_reuse_prefills_only_new_tokens_whatever_the_context_length():
-    engine = Engine.load("tiny", EngineConfig(max_seq_len=4096, max_slots=2, max_batch_size=1))
+    engine = Engine.load("tiny", EngineConfig(max_seq_len=4096, max_batch_size=1))
     rng = np.random.default_rng(0)
     context = rng.integers(0, 1024, 3000).tolist()
     result = engine.draft_batch([DraftRequest(context, 8)])[0]
@@ -105,18 +106,20 @@ def test_reuse_prefills_only_new_tokens_whatever_the_context_length():
         assert result.cached == len(context) - result.prefilled
 
 
-def test_sessions_keep_their_slots_and_lru_evicts(engines):
-    _, engine, _ = engines
-    engine.slots = SlotTable(engine.config.max_slots, engine.config.cache_len)
-    a, b, c = ([i] * 20 + list(range(40)) for i in (1, 2, 3))
-    before = engine.stats.evictions
+def test_sessions_keep_their_pages_and_lru_evicts():
+    # 3 pages of 16 positions beside scratch: one 40-token conversation and its drafts fill them.
+    engine = Engine.load(
+        "tiny",
+        EngineConfig(max_seq_len=44, max_batch_size=1, max_draft_tokens=4, page_size=16, kv_cache_tokens=48),
+    )
+    a, b = ([i] * 20 + list(range(15)) for i in (1, 2))
     engine.draft(a, 4, "a")
-    engine.draft(b, 4, "b")
     assert engine.draft_batch([DraftRequest(a + [7], 4, "a")])[0].cached == len(a)
-    engine.draft(c, 4, "c")  # two slots: evicts b, the least recently used
-    assert engine.stats.evictions == before + 1
-    assert engine.draft_batch([DraftRequest(a + [7, 8], 4, "a")])[0].cached == len(a) + 1
-    assert engine.draft_batch([DraftRequest(b + [7], 4, "b")])[0].cached == 0
+    result = engine.draft_batch([DraftRequest(b, 4, "b")])[0]  # no room beside a: evicts it
+    assert result.evicted and result.cached == 0
+    assert engine.table.counters.evicted_sequences == 1
+    assert engine.draft_batch([DraftRequest(b + [7], 4, "b")])[0].cached == len(b)
+    assert engine.draft_batch([DraftRequest(a + [7, 8], 4, "a")])[0].cached == 0
 
 
 def test_too_many_requests_in_a_batch_are_refused(engines):
@@ -129,10 +132,12 @@ def test_one_bad_request_refuses_the_batch_before_touching_the_cache(engines):
     model, engine, _ = engines
     context = list(range(50))
     engine.draft(context, 4)
-    lengths = engine.slots.lengths.copy()
+    held = [(s.tokens.copy(), list(s.pages)) for s in engine.table.sequences]
     with pytest.raises(DraftError):
         engine.draft_batch([DraftRequest(context + [1], 4), DraftRequest([VOCAB], 4)])
-    assert (engine.slots.lengths == lengths).all()
+    after = [(s.tokens, s.pages) for s in engine.table.sequences]
+    assert len(after) == len(held)
+    assert all((t == u).all() and p == q for (t, p), (u, q) in zip(held, after, strict=True))
     assert engine.draft(context + [1], 4) == hf_greedy(model, context + [1], 4)
 
 
@@ -153,18 +158,3 @@ def test_a_failure_mid_draft_does_not_corrupt_the_cache(engines):
     handle.remove()
     for tokens in (context[:40] + [5, 6, 7], context + [9]):
         assert engine.draft(tokens, 8) == hf_greedy(model, tokens, 8)
-
-
-def test_slot_table_common_prefix_is_exact_at_32k():
-    rng = np.random.default_rng(1)
-    table = SlotTable(4, 32768)
-    rows = rng.integers(0, 1000, (4, 32768))
-    for slot, length in enumerate([32768, 20000, 5, 0]):
-        table.commit(slot, rows[slot, :length])
-    request = rows[0].copy()
-    request[12345] += 1
-    assert table.common_prefix(request)[0] == 12345
-    assert table.common_prefix(rows[1])[1] == 20000  # the whole cached row matches
-    assert table.common_prefix(rows[2])[2] == 5
-    assert table.common_prefix(rows[3])[3] == 0  # an empty slot shares nothing
-    assert table.common_prefix(rows[0][:100])[0] == 100  # a request shorter than the slot

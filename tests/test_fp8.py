@@ -160,7 +160,7 @@ def test_fp8_engine_compiles_fullgraph_and_drafts_like_eager(tmp_path, mode):
     from export.__main__ import run_export
 
     run_export("tiny", tmp_path / "fp8", mode)
-    config = dict(max_seq_len=120, max_slots=2, max_batch_size=1, max_draft_tokens=8, min_kv_bucket=128)
+    config = dict(max_seq_len=120, max_batch_size=1, max_draft_tokens=8, min_kv_bucket=128)
     compiled = Engine.load(str(tmp_path / "fp8"), EngineConfig(**config, compile=True))
     eager = Engine.load(str(tmp_path / "fp8"), EngineConfig(**config))
     report = compiled.warmup()

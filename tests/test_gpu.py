@@ -23,7 +23,6 @@ def cuda_engine(**overrides) -> Engine:
             device="cuda",
             dtype="float32",
             max_seq_len=2048,
-            max_slots=8,
             max_batch_size=8,
             batch_buckets=BUCKETS,
             min_kv_bucket=256,

@@ -18,7 +18,6 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 STRICT_ARGS = [
     "--max-seq-len=2048",
     "--max-batch-size=1",
-    "--max-slots=2",
     "--max-queue=4",
     "--batch-window-ms=0",
     "--request-timeout-s=0.05",

@@ -1,5 +1,6 @@
-"""The command line: flags beat DRAFTER_* variables beat defaults, bad settings end with one error line and
-status 2 (no traceback), and `./serve.sh` with no arguments serves the tiny preset on CPU."""
+"""The command line: flags beat DRAFTER_* variables beat defaults, bad settings (and a port already taken)
+end with one error line naming the flag or variable and status 2 (no traceback), `./serve.sh` with no
+arguments serves the tiny preset on CPU, and an export of a preset is served as random weights."""
 
 from __future__ import annotations
 
@@ -49,41 +50,70 @@ def test_cli_api_key_is_never_in_the_config_repr():
 
 BAD_SETTINGS = {
     # name: (argv, environment, words in the one error line)
-    "batch size zero": (["--max-batch-size", "0"], {}, "max_batch_size"),
-    "batch above slots": (["--max-batch-size", "32", "--max-slots", "8"], {}, "max_slots"),
+    "batch size zero": (["--max-batch-size", "0"], {}, "--max-batch-size must be a positive integer"),
+    "unknown attention": (["--attention", "paged"], {}, "--attention must be 'sdpa' or 'flex'"),
+    "budget not positive": (["--kv-cache-gb", "0"], {}, "--kv-cache-gb must be positive"),
     "port not a number": (["--port", "eighty"], {}, "--port"),
+    "port variable not a number": (
+        [],
+        {"DRAFTER_PORT": "abc"},
+        "DRAFTER_PORT (or --port) must be an integer",
+    ),
     "variable not a number": ([], {"DRAFTER_MAX_QUEUE": "many"}, "DRAFTER_MAX_QUEUE"),
-    "missing model dir": (["--model", "/nonexistent/qwen3"], {}, "does not exist"),
-    "graphs on cpu": (["--cuda-graphs"], {}, "CUDA"),
+    "missing model dir": (["--model", "/nonexistent/qwen3"], {}, "neither a preset (tiny, bench-cpu)"),
+    "misspelt preset": (["--model", "tinny"], {}, "neither a preset (tiny, bench-cpu) nor a directory"),
+    "hub id": (["--model", "Qwen/Qwen3-0.6B"], {}, "python -m export Qwen/Qwen3-0.6B DIR"),
+    "graphs on cpu": (["--cuda-graphs"], {}, "--cuda-graphs needs a CUDA device"),
     "unknown flag": (["--max-batch", "4"], {}, "unrecognized"),
 }
 
 
 def test_cli_bad_settings_end_with_one_line_and_status_2():
-    # Started together: each pays the torch import once, in parallel.
-    runs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "drafter", "--device=cpu", *argv],  # no CUDA probe: no torch import
-            env=clean_environ(PYTHONPATH=str(REPO), **env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name, (argv, env, _) in BAD_SETTINGS.items()
-    }
-    try:
-        for name, run in runs.items():
-            out, err = run.communicate(timeout=60)
-            words = BAD_SETTINGS[name][2]
-            assert run.returncode == 2, (name, err)
-            assert "Traceback" not in err, name
-            lines = err.strip().splitlines()
-            assert len(lines) == 1 and "ERROR" in lines[0] and words in lines[0], (name, err)
-    finally:
-        for run in runs.values():  # a setting wrongly accepted starts a server; do not leave it behind
-            if run.poll() is None:
-                run.kill()
-                run.wait()
+    with socket.socket() as taken:  # a port in use: one line naming it and the fix, not a traceback
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = BAD_SETTINGS | {
+            "port in use": ([f"--port={port}"], {}, f"port {port} on 127.0.0.1 is already")
+        }
+        # Started together: each pays the torch import once, in parallel.
+        runs = {
+            name: subprocess.Popen(
+                [sys.executable, "-m", "drafter", "--device=cpu", *argv],  # no CUDA probe: no torch import
+                env=clean_environ(PYTHONPATH=str(REPO), **env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name, (argv, env, _) in cases.items()
+        }
+        try:
+            for name, run in runs.items():
+                out, err = run.communicate(timeout=60)
+                words = cases[name][2]
+                assert run.returncode == 2, (name, err)
+                assert "Traceback" not in err, name
+                lines = err.strip().splitlines()
+                assert len(lines) == 1 and "ERROR" in lines[0] and words in lines[0], (name, err)
+        finally:
+            for run in runs.values():  # a setting wrongly accepted starts a server; do not leave it behind
+                if run.poll() is None:
+                    run.kill()
+                    run.wait()
+
+
+def test_cli_help_lists_every_variable_and_prefers_the_api_key_variable():
+    run = subprocess.run(
+        [sys.executable, "-m", "drafter", "--help"],
+        env=clean_environ(PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0
+    text = " ".join(run.stdout.split())  # argparse wraps lines
+    assert "--num-threads" in text and "--body-timeout-s" in text and "$DRAFTER_BODY_TIMEOUT_S" in text
+    assert "prefer the variable, since a flag's value shows in ps" in text
 
 
 def port_is_free(port: int) -> bool:
@@ -110,5 +140,18 @@ def test_serve_sh_with_no_arguments_serves_tiny_on_cpu(tmp_path):
         assert (info["model"], info["device"], info["dtype"]) == ("tiny", "cpu", "float32")
         assert "WARNING" in server.log and "RANDOM" in server.log
         assert server.stop() == 0
+    finally:
+        server.close()
+
+
+def test_export_of_a_preset_is_served_as_random_weights(tmp_path):
+    from export.__main__ import run_export
+
+    run_export("tiny", tmp_path / "fp8")
+    server = ServerProcess([f"--model={tmp_path / 'fp8'}", "--device=cpu", "--max-seq-len=256"])
+    try:
+        url = server.wait_ready()
+        assert httpx.get(f"{url}/info").json()["random_weights"] is True
+        assert "WARNING" in server.log and "RANDOM" in server.log
     finally:
         server.close()

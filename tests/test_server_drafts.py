@@ -117,6 +117,23 @@ def test_info_describes_the_served_model(client):
     assert info["quantization"] == "none"
     assert info["batch_buckets"] and info["stage"] == "ready"
     assert {"torch", "starlette", "hypercorn", "python"} <= set(info["versions"])
+    cache = info["kv_cache"]
+    assert info["attention"] == "sdpa" and cache["page_size"] == 64
+    assert cache["pool_tokens"] == cache["pool_pages"] * 64 and cache["pool_bytes"] > 0
+    assert cache["budget_gb"] == 1.0  # the CPU default
+    assert cache["pages_used"] + cache["pages_idle"] + cache["pages_free"] == cache["pool_pages"]
+
+
+def test_metrics_count_pages_and_shared_prefix_tokens(client):
+    shared = list(range(7, 7 + 192))  # three full pages
+    client.post("/draft", json=draft_body(shared + [1, 2], 4))
+    before = metric_value(client.get("/metrics").text, "drafter_prefix_shared_tokens_total")
+    answer = client.post("/draft", json=draft_body(shared + [3, 4, 5], 4)).json()
+    text = client.get("/metrics").text
+    assert answer["cached"] == 192
+    assert metric_value(text, "drafter_prefix_shared_tokens_total") == before + 192
+    pages = [metric_value(text, f'drafter_kv_cache_pages{{state="{s}"}}') for s in ("used", "idle", "free")]
+    assert pages[0] >= 4 and sum(pages) == client.get("/info").json()["kv_cache"]["pool_pages"]
 
 
 def test_metrics_count_served_tokens_and_cache_use(client):

@@ -22,7 +22,7 @@ def wait_ready(client: TestClient, timeout_s: float = 60) -> None:
 
 
 def test_device_error_while_drafting_fails_readiness_and_liveness():
-    app = create_app(ServerConfig(device="cpu", max_seq_len=256, max_batch_size=2, max_slots=2))
+    app = create_app(ServerConfig(device="cpu", max_seq_len=256, max_batch_size=2))
     with TestClient(app) as client:
         wait_ready(client)
         assert client.post("/draft", json={"tokens": [1, 2, 3]}).status_code == 200

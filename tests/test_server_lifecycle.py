@@ -17,7 +17,6 @@ from tests.server_process import ServerProcess, metric_value
 SLOW_BATCH_ARGS = [
     "--max-seq-len=4096",
     "--max-batch-size=1",
-    "--max-slots=2",
     "--max-queue=16",
     "--request-timeout-s=60",
     "--device=cpu",
@@ -32,7 +31,7 @@ def long_context(seed: int) -> list[int]:
 
 def test_not_ready_while_loading_then_sigterm_exits_cleanly():
     # bench-cpu draws ~100M random weights and warms up for seconds: a real slow load, no test hook.
-    server = ServerProcess(["--model=bench-cpu", "--max-seq-len=256", "--max-batch-size=1", "--max-slots=1"])
+    server = ServerProcess(["--model=bench-cpu", "--max-seq-len=256", "--max-batch-size=1"])
     try:
         url = server.wait_for_port()
         ready = httpx.get(f"{url}/health/ready")

@@ -45,3 +45,19 @@ def test_serve_sh_drafts_equal_transformers_generate(served):
             assert drafts == hf_greedy(model, context, 10)
             context = context + drafts[:4] + [int(torch.randint(0, model.config.vocab_size, (1,)))]
         assert response.json()["cached"] > 100
+
+
+def test_conversations_sharing_a_system_prompt_draft_like_transformers(served):
+    """Two conversations over one 130-token prefix: the second is served from the first's pages."""
+    model, url = served
+    generator = torch.Generator().manual_seed(12)
+    prompt = torch.randint(0, model.config.vocab_size, (130,), generator=generator).tolist()
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for turn in range(2):
+            for user in (1, 2):
+                context = prompt + [user] * (3 + turn)
+                response = client.post("/draft", json={"tokens": context, "num_draft_tokens": 6})
+                assert response.status_code == 200, response.text
+                assert response.json()["tokens"] == hf_greedy(model, context, 6)
+                if (turn, user) != (0, 1):
+                    assert response.json()["cached"] >= 128  # two full pages of the shared prompt

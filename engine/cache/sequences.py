@@ -1,0 +1,193 @@
+"""The page table of every cached conversation, and where each request of a batch is placed.
+
+A *sequence* is one conversation's cached state: the token ids whose keys/values its pages hold (its last
+context and the drafts fed back into the decode loop) and the pages, in logical order. A request either
+*continues* a sequence — the one its session hint names, else one whose last context it extends (the target
+accepted some drafts and added its own) — or starts a new one. Either way it keeps the longest cached prefix
+it can find, its own or, through the prefix index, any conversation's full pages, and prefills the rest.
+Pages it will write must be its own: a page another sequence also holds is never written, so the reused
+prefix stops at that page's start (the partly matching page is recomputed, at most page_size - 1 tokens).
+
+When pages run out, idle indexed pages go first, then whole sequences not in the running batch, least
+recently used first. Placement only changes bookkeeping; a sequence's tokens are cut to its reused prefix
+before anything is written, so a batch that fails midway leaves every sequence describing what its pages
+really hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.cache.allocator import PageAllocator
+from engine.cache.prefix_index import PrefixIndex
+
+
+class CacheFull(Exception):
+    """The batch's pages do not fit beside the other requests of the same batch."""
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    tokens: np.ndarray  # ids whose keys/values its pages hold, positions 0..len-1
+    pages: list[int] = field(default_factory=list)
+    context_len: int = 0  # length of the last request's context; the rest of `tokens` are fed-back drafts
+    session: str | None = None
+    last_used: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    sequence: Sequence
+    reuse: int  # context tokens whose keys/values are already cached
+    shared: int  # of those, tokens on pages found through the prefix index (other conversations' work)
+    evicted: int  # sequences evicted to make room
+
+
+@dataclass(slots=True)
+class CacheCounters:
+    shared_tokens: int = 0
+    evicted_sequences: int = 0
+    evicted_pages: int = 0
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differs = a[:n] != b[:n]
+    return int(differs.argmax()) if differs.any() else n
+
+
+class SequenceTable:
+    def __init__(self, num_pages: int, page_size: int, max_pages_per_seq: int):
+        self.page_size = page_size
+        self.allocator = PageAllocator(num_pages)
+        self.index = PrefixIndex(num_pages, page_size, max_pages_per_seq)
+        self.sequences: list[Sequence] = []
+        self.by_session: dict[str, Sequence] = {}
+        self.counters = CacheCounters()
+        self.tick = 0
+
+    # -- placing a batch ------------------------------------------------------------------------------
+
+    def place(self, batch: list[tuple[np.ndarray, str | None, int]]) -> list[Placement]:
+        """A sequence for each (context, session, positions to hold) of one batch, with its pages allocated
+        for every position the batch will write; no sequence serves two requests of one batch."""
+        taken: set[int] = set()
+        return [
+            self.place_one(tokens, session, num_positions, taken) for tokens, session, num_positions in batch
+        ]
+
+    def place_one(self, tokens: np.ndarray, session: str | None, num_positions: int, taken: set[int]):
+        size = self.page_size
+        reusable = len(tokens) - 1  # the last context token is always fed to the decode loop
+        matched = self.index.match(tokens, reusable // size)
+        target, own = self.continued(tokens, session, matched, taken)
+        if own >= len(matched) * size and target is not None:
+            kept, reuse = target.pages[: -(-own // size)], own
+        else:
+            kept, reuse = matched, len(matched) * size
+        if reuse % size and self.allocator.refs[kept[-1]] > (
+            1 if kept[-1] in (target.pages if target else ()) else 0
+        ):
+            kept, reuse = kept[:-1], reuse - reuse % size  # never write a page another sequence holds
+        sequence = target or Sequence(tokens[:0])
+        newly = [page for page in kept if page not in set(sequence.pages)]
+        self.hold(newly)
+        self.release([page for page in sequence.pages if page not in set(kept)])
+        if reuse % size:
+            self.index.forget(kept[-1])  # its unreused positions are about to be overwritten
+        sequence.tokens, sequence.pages = tokens[:reuse].copy(), list(kept)
+        taken.add(id(sequence))
+        if target is None:
+            self.sequences.append(sequence)
+        needed = -(-num_positions // size) - len(kept)
+        evicted = self.make_room(needed, taken)
+        sequence.pages += self.allocator.take(needed, kept[-1] if kept else None)
+        self.allocator.refs[sequence.pages[len(kept) :]] += 1
+        self.bind(sequence, session, len(tokens))
+        shared = min(reuse, len(newly) * size)
+        self.counters.shared_tokens += shared
+        return Placement(sequence, reuse, shared, evicted)
+
+    def continued(self, tokens, session, matched, taken) -> tuple[Sequence | None, int]:
+        """The sequence this request continues, and how many of its tokens the request reuses."""
+        reusable = tokens[: len(tokens) - 1]
+        hinted = self.by_session.get(session) if session is not None else None
+        if hinted is not None and id(hinted) not in taken:
+            return hinted, common_prefix(reusable, hinted.tokens)
+        best, best_reuse = None, -1
+        for sequence in self.sequences:
+            if id(sequence) in taken or (
+                matched and sequence.pages[len(matched) - 1 : len(matched)] != matched[-1:]
+            ):
+                continue
+            reuse = common_prefix(reusable, sequence.tokens)
+            if reuse >= min(sequence.context_len, len(reusable)) and reuse > best_reuse:
+                best, best_reuse = sequence, reuse
+        return best, best_reuse
+
+    def bind(self, sequence: Sequence, session: str | None, context_len: int) -> None:
+        if sequence.session is not None and self.by_session.get(sequence.session) is sequence:
+            del self.by_session[sequence.session]
+        if session is not None:
+            previous = self.by_session.get(session)
+            if previous is not None and previous is not sequence:
+                previous.session = None
+            self.by_session[session] = sequence
+        sequence.session, sequence.context_len = session, context_len
+        self.tick += 1
+        sequence.last_used = self.tick
+
+    def commit(self, placement: Placement, tokens: np.ndarray) -> None:
+        """After a successful draft: the sequence's pages hold keys/values for exactly `tokens`."""
+        sequence = placement.sequence
+        sequence.tokens = tokens
+        self.index.record(sequence.pages, tokens, placement.reuse)
+
+    # -- pages ----------------------------------------------------------------------------------------
+
+    def hold(self, pages: list[int]) -> None:
+        for page in pages:
+            self.index.idle.pop(page, None)
+        self.allocator.refs[pages] += 1
+
+    def release(self, pages: list[int]) -> None:
+        """Pages a sequence no longer holds: findable while idle if indexed, else free at once."""
+        if not pages:
+            return
+        self.allocator.refs[pages] -= 1
+        unheld = [page for page in pages if self.allocator.refs[page] == 0]
+        for page in unheld:
+            if self.index.is_indexed(page):
+                self.index.idle[page] = None
+        self.allocator.give_back([page for page in unheld if not self.index.is_indexed(page)])
+
+    def make_room(self, needed: int, taken: set[int]) -> int:
+        """Free pages until `needed` are free: idle pages first, then idle sequences, LRU first."""
+        evicted = 0
+        while self.allocator.num_free < needed:
+            if self.index.idle:
+                page = next(iter(self.index.idle))
+                self.index.forget(page)
+                self.allocator.give_back([page])
+                self.counters.evicted_pages += 1
+                continue
+            idle = [s for s in self.sequences if id(s) not in taken]
+            if not idle:
+                raise CacheFull(f"{needed} pages needed, {self.allocator.num_free} free")
+            self.drop(min(idle, key=lambda s: s.last_used))
+            evicted += 1
+            self.counters.evicted_sequences += 1
+        return evicted
+
+    def drop(self, sequence: Sequence) -> None:
+        self.release(sequence.pages)
+        sequence.pages, sequence.tokens = [], sequence.tokens[:0]
+        self.sequences.remove(sequence)
+        if sequence.session is not None and self.by_session.get(sequence.session) is sequence:
+            del self.by_session[sequence.session]
+
+    @property
+    def pages_in_use(self) -> int:
+        return int((self.allocator.refs > 0).sum())

@@ -1,0 +1,25 @@
+"""What the export tests share: the two modes, a small engine config, and readers of an exported checkpoint.
+The exported tiny preset itself is the session fixture `exported` in conftest.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.config import EngineConfig
+from engine.fp8 import LINEAR_NAMES
+from engine.presets import PRESETS
+
+MODES = ("weight-only", "dynamic")
+ENGINE = EngineConfig(max_seq_len=128, max_batch_size=1, max_draft_tokens=8)
+
+
+def read_file(directory: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+
+
+def linear_names(config=PRESETS["tiny"]):
+    return [f"model.layers.{n}.{name}" for n in range(config.num_hidden_layers) for name in LINEAR_NAMES]

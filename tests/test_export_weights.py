@@ -1,0 +1,81 @@
+"""The FP8 bytes of an export: bit-identical to what torchao makes of each linear, within fp8's rounding
+error of the original weights, and kept at one byte per weight by the engine that loads them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.engine import Engine
+from engine.fp8 import FP8_DTYPE, FP8Linear
+from engine.presets import PRESETS, preset_state_dict
+from export.quantize import fp8_parts, weight_config
+from tests.export_helpers import ENGINE, MODES, linear_names, read_file
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FP8_RELATIVE_STEP = 2.0**-4  # half an ulp of e4m3's 3-bit mantissa, relative to the value
+FP8_SUBNORMAL_HALF_STEP = 2.0**-10  # half the spacing of e4m3 subnormals, in units of the scale
+
+
+def torchao_reference(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What torchao makes of one preset linear on its own: (original bf16 weight, fp8 bytes, scale)."""
+    from torchao.quantization import quantize_
+
+    original = preset_state_dict("tiny")[name + ".weight"]
+    linear = torch.nn.Linear(original.shape[1], original.shape[0], bias=False, dtype=torch.bfloat16)
+    linear.weight.data = original.clone()
+    quantize_(torch.nn.Sequential(linear), weight_config())
+    return (original, *fp8_parts(linear.weight))
+
+
+def test_export_round_trip_is_bit_identical_to_torchao(exported):
+    files = {mode: read_file(exported[mode][0]) for mode in MODES}
+    engines = {mode: Engine.load(str(exported[mode][0]), ENGINE) for mode in MODES}
+    for name in linear_names():
+        _, qdata, scale = torchao_reference(name)
+        for mode in MODES:
+            stored, stored_scale = files[mode][name + ".weight"], files[mode][name + ".weight_scale"]
+            assert torch.equal(stored.view(torch.uint8), qdata.view(torch.uint8)), (mode, name)
+            assert torch.equal(stored_scale.view(torch.int32), scale.view(torch.int32)), (mode, name)
+            module = engines[mode].model.get_submodule(name)
+            assert torch.equal(module.weight.view(torch.uint8), qdata.view(torch.uint8)), (mode, name)
+            assert torch.equal(module.weight_scale.view(torch.int32), scale.view(torch.int32)), (mode, name)
+
+
+def test_export_dequantized_weights_are_within_fp8_error(exported):
+    engine = Engine.load(str(exported["weight-only"][0]), ENGINE)
+    errors = []
+    for name in linear_names():
+        original, qdata, scale = torchao_reference(name)
+        module = engine.model.get_submodule(name)
+        dequantized = module.dequantized_weight(torch.float32)
+        assert torch.equal(dequantized, qdata.float() * scale)
+        bound = original.float().abs() * FP8_RELATIVE_STEP + FP8_SUBNORMAL_HALF_STEP * scale
+        assert ((dequantized - original.float()).abs() <= bound * (1 + 1e-6)).all(), name
+        errors.append(((dequantized - original.float()).norm() / original.float().norm()).item())
+    report = exported["weight-only"][1]["weight_relative_error"]
+    assert report["per_linear"] == pytest.approx(dict(zip(linear_names(), errors, strict=True)), rel=1e-3)
+    print(f"\nrelative weight error: mean {sum(errors) / len(errors):.4f}, max {max(errors):.4f}")
+    assert max(errors) < 0.035
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_export_engine_keeps_fp8_weights_at_one_byte(exported, mode):
+    engine = Engine.load(str(exported[mode][0]), ENGINE)
+    assert engine.loaded.quantization == f"fp8-{mode}" and engine.info()["quantization"] == f"fp8-{mode}"
+    fp8_bytes = 0
+    for name in linear_names():
+        module = engine.model.get_submodule(name)
+        assert isinstance(module, FP8Linear) and module.weight.dtype == FP8_DTYPE
+        assert module.weight.untyped_storage().nbytes() == module.weight.numel()  # its own 1-byte storage
+        fp8_bytes += module.weight.numel()
+    # nothing else holds a copy: every tensor of the model is the fp8 weights, their scales, or the rest
+    state = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in engine.model.state_dict().values()
+    }
+    rest = {n: t for n, t in engine.model.state_dict().items() if not n.endswith(("_proj.weight", "_scale"))}
+    rest_bytes = sum(t.numel() * t.element_size() for n, t in rest.items() if n != "lm_head.weight")
+    assert sum(state.values()) == fp8_bytes + rest_bytes + 4 * len(linear_names())
+    drafts = engine.draft([1, 2, 3, 4, 5], 8)
+    assert len(drafts) == 8 and all(0 <= t < PRESETS["tiny"].vocab_size for t in drafts)

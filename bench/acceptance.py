@@ -1,13 +1,15 @@
 """The acceptance benchmark: a transformers target decodes greedily with drafts from a running drafter server
-(bench/speculative.py), and we measure the tokens each round gains, the speed against target-only greedy
+(drafter/speculative.py, through drafter.client), and we measure the tokens each round gains, the speed against target-only greedy
 decoding on the same prompts, and that the two outputs agree token for token (lossless).
 
     python bench/acceptance.py --target DIR --url http://127.0.0.1:8000 [--prompts FILE] [--json OUT]
 
-The JSON report's `mean_accepted_tokens`, `acceptance_by_position` and `rounds` are defined in
-bench/speculative.py (a perfect drafter scores k + 1). Prompts are JSONL, one `{"tokens": [ids]}`,
+The JSON report's `mean_accepted_tokens`, `acceptance_by_position` and `rounds` are defined by
+`SpeculationStats` in drafter/speculative.py (a perfect drafter scores k + 1). Prompts are JSONL, one `{"tokens": [ids]}`,
 `{"text": "..."}` (needs the target's tokenizer) or bare list of ids per line; without a file, seeded random
-ids. Exit 2 on bad input or an unusable server (one line on stderr), 1 if the outputs differ.
+ids. Without --stop-at-eos both paths decode through EOS (`min_new_tokens` masks it, as `generate` does).
+Exit 2 on bad input or an unusable server (one line on stderr; a draft call the client had to skip counts
+as unusable, since acceptance measured without drafts means nothing), 1 if the outputs differ.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import drafter.target
 from bench.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
@@ -36,67 +38,68 @@ from bench.prompts import (
     random_prompts,
     read_prompt_lines,
 )
-from bench.speculative import Stats, speculative_greedy, target_greedy
-from engine.presets import is_preset, write_preset
+from drafter.client import DraftClient, DraftRequestError
+from drafter.speculative import SpeculationStats, speculative_decoding
 
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
 for noisy in ("torchao", "torch.utils._pytree"):
     logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
-class DraftClient:
-    """One persistent connection to the drafter; every failure becomes a BenchError naming the server."""
+DRAFT_TIMEOUT_S = 60  # a benchmark waits for every draft; a target would not (drafter.client's policy)
 
-    def __init__(self, url: str, api_key: str | None):
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.url = url
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=60)
 
-    def json(self, method: str, path: str, **kwargs) -> dict:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except (httpx.HTTPError, httpx.InvalidURL) as error:
-            raise BenchError(f"cannot reach the drafter at {self.url}: {error}") from None
-        if response.status_code != 200:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):  # not our error layout (/health/ready, a proxy)
-                message = response.text[:200]
-            raise BenchError(f"{method} {path} on {self.url}: HTTP {response.status_code}: {message}")
-        return response.json()
+def server_info(client: DraftClient) -> dict:
+    """/info once the server is ready; every failure becomes a BenchError naming the server."""
+    try:
+        ready = client.http.get("/health/ready", timeout=DRAFT_TIMEOUT_S)
+        if ready.status_code != 200:
+            raise BenchError(f"the drafter at {client.url} is not ready: {ready.text[:200]}")
+        return client.info()
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        raise BenchError(f"cannot reach the drafter at {client.url}: {error}") from None
 
-    def info(self) -> dict:
-        self.json("GET", "/health/ready")  # 503 until loaded, warmed up and compiled
-        return self.json("GET", "/info")
 
-    def draft(self, tokens: list[int], num_draft_tokens: int, session: str) -> list[int]:
-        body = {"tokens": tokens, "num_draft_tokens": num_draft_tokens, "session": session}
-        drafts = self.json("POST", "/draft", json=body)["tokens"]
-        if len(drafts) > num_draft_tokens:
-            raise BenchError(f"the drafter returned {len(drafts)} drafts for {num_draft_tokens} asked")
-        return drafts
+@torch.inference_mode()
+def target_greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = False) -> list[int]:
+    """The reference: transformers' own greedy decoding, new tokens only."""
+    return generate(model, prompt, max_new_tokens, stop_at_eos)
 
-    def close(self) -> None:
-        self.http.close()
+
+def speculative_greedy(
+    model,
+    client: DraftClient,
+    prompt: list[int],
+    max_new_tokens: int,
+    stats: SpeculationStats,
+    stop_at_eos: bool,
+) -> list[int]:
+    skipped = stats.num_skipped
+    kwargs = dict(draft_client=client, num_draft_tokens=stats.num_draft_tokens, speculation_stats=stats)
+    new = generate(model, prompt, max_new_tokens, stop_at_eos, custom_generate=speculative_decoding, **kwargs)
+    if stats.num_skipped > skipped:
+        raise BenchError(f"{stats.num_skipped - skipped} draft calls to {client.url} failed (see its log)")
+    return new
+
+
+def generate(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool, **kwargs) -> list[int]:
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0 if stop_at_eos else max_new_tokens,
+        **kwargs,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def load_target(directory: Path, device: str, dtype: str):
-    """An HF checkpoint directory, or a preset name (`tiny`, `bench-cpu`): the same random weights the
-    server's `--model tiny` drafts with, so a target and its drafter need no download."""
-    from transformers import AutoModelForCausalLM
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BenchError("--device cuda: no CUDA device is available")
-    if is_preset(str(directory)):
-        with tempfile.TemporaryDirectory(prefix="acceptance-target-") as scratch:
-            return load_target(write_preset(str(directory), scratch), device, dtype)
-    if not directory.is_dir():
-        raise BenchError(f"target {str(directory)!r} is not a directory (nor a preset: tiny, bench-cpu)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
-    except (OSError, ValueError) as error:
-        raise BenchError(f"cannot load the target from {str(directory)!r}: {error}") from None
-    return model.to(device).eval()
+        return drafter.target.load_target(directory, device, dtype)
+    except ValueError as error:
+        raise BenchError(str(error)) from None
 
 
 def percentiles(values: list[float]) -> dict:
@@ -138,7 +141,7 @@ def prepare(args, client: DraftClient):
     """The target, the prompts and a warm-up prompt, checked against the server's limits; the prompts
     file is read before anything slow so that a typo fails at once."""
     entries = read_prompt_lines(args.prompts) if args.prompts else None
-    info = client.info()
+    info = server_info(client)
     if args.num_draft_tokens > info["max_draft_tokens"]:
         raise BenchError(
             f"--num-draft-tokens {args.num_draft_tokens}: the server drafts at most {info['max_draft_tokens']}"
@@ -162,7 +165,7 @@ def prepare(args, client: DraftClient):
 
 @dataclass
 class Measured:
-    stats: Stats
+    stats: SpeculationStats
     outputs: list[list[int]]
     reference: list[list[int]]  # target-only
     target_s: float = 0.0
@@ -173,19 +176,15 @@ def measure(args, model, client: DraftClient, prompts, warmup) -> Measured:
     """Both paths on every prompt, each timed as a whole, after one untimed warm-up of each."""
     n, k, stop = args.max_new_tokens, args.num_draft_tokens, args.stop_at_eos
 
-    def draft_for(session: str):
-        return lambda context, num_draft_tokens: client.draft(context, num_draft_tokens, session)
-
     target_greedy(model, warmup, n, stop)
-    speculative_greedy(model, draft_for("acceptance-warmup"), warmup, n, k, Stats(k), stop)
-    measured = Measured(Stats(k), [], [])
-    for index, prompt in enumerate(tqdm(prompts, desc="acceptance", unit="prompt", file=sys.stderr)):
+    speculative_greedy(model, client, warmup, n, SpeculationStats(k), stop)
+    measured = Measured(SpeculationStats(k), [], [])
+    for prompt in tqdm(prompts, desc="acceptance", unit="prompt", file=sys.stderr):
         started = time.perf_counter()
         measured.reference.append(target_greedy(model, prompt, n, stop))
         measured.target_s += time.perf_counter() - started
         started = time.perf_counter()
-        draft = draft_for(f"acceptance-{index}")
-        measured.outputs.append(speculative_greedy(model, draft, prompt, n, k, measured.stats, stop))
+        measured.outputs.append(speculative_greedy(model, client, prompt, n, measured.stats, stop))
         measured.speculative_s += time.perf_counter() - started
     return measured
 
@@ -251,13 +250,13 @@ def print_summary(report: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    client = DraftClient(args.url, args.api_key)
+    client = DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
     try:
         model, prompts, warmup, info = prepare(args, client)
         report = build_report(args, info, measure(args, model, client, prompts, warmup))
         if args.json:
             args.json.write_text(json.dumps(report, indent=1) + "\n")
-    except (BenchError, OSError) as error:
+    except (BenchError, DraftRequestError, OSError) as error:
         print(f"acceptance: error: {error}", file=sys.stderr)
         return 2
     finally:

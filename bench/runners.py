@@ -2,7 +2,8 @@
 
 In-process variants run in lockstep rounds: each round drafts one call of every conversation in a single
 `draft_batch` (the engine's batching, without the server), so every request of a round waits the round's
-time. Over HTTP each conversation is an independent client posting its next call as soon as the last one
+time. Over HTTP each conversation is an independent session of drafter.client's AsyncDraftClient (what a
+target uses, so the figure includes the client's own cost) posting its next call as soon as the last one
 returned, which is what concurrent target workers do; latency is measured at the client.
 """
 
@@ -12,10 +13,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import httpx
-import orjson
-
 from bench.workload import Conversation
+from drafter.client import AsyncDraftClient
 from engine.requests import DraftRequest
 
 DraftRound = Callable[[list[list[int]], int], list[list[int]]]  # contexts, k -> drafts
@@ -65,24 +64,27 @@ def run_http(
 
 
 async def _run_http(url, conversations, k, calls, headers, tag) -> list[float]:
-    limits = httpx.Limits(max_connections=len(conversations), max_keepalive_connections=len(conversations))
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=120) as client:
+    # A benchmark waits for every answer instead of skipping it, and stops on the first refusal.
+    client = AsyncDraftClient(url, timeout_s=120, max_connections=len(conversations))
+    client.http.headers.update(headers)  # the bearer token, as the caller built it
+    async with client:
         per_client = await asyncio.gather(
             *(_client(client, c, k, calls, f"{tag}-{i}") for i, c in enumerate(conversations))
         )
     return [latency for latencies in per_client for latency in latencies]
 
 
-async def _client(client: httpx.AsyncClient, conversation: Conversation, k: int, calls: int, session: str):
+async def _client(client: AsyncDraftClient, conversation: Conversation, k: int, calls: int, session: str):
     latencies = []
+    conversation_session = client.session(session)
     for call in range(calls + 1):
-        body = orjson.dumps({"tokens": conversation.context(), "num_draft_tokens": k, "session": session})
+        context = conversation.context()
         start = time.perf_counter()
-        response = await client.post("/draft", content=body, headers={"Content-Type": "application/json"})
+        drafts = await conversation_session.draft(context, k)
         elapsed = time.perf_counter() - start
-        if response.status_code != 200:
-            raise HTTPError(f"POST /draft answered {response.status_code}: {response.text}")
+        if drafts.skipped is not None:
+            raise HTTPError(f"POST /draft gave no drafts: {drafts.skipped}")
         if call:
             latencies.append(elapsed)
-        conversation.accept(orjson.loads(response.content)["tokens"])
+        conversation.accept(drafts.tokens)
     return latencies

@@ -11,6 +11,11 @@ import pytest
 import torch
 
 from tests.oracle import make_hf_model
+from tests.server_process import ServerProcess
+
+# The target of the speculative-decoding tests: tied embeddings, like the Qwen3-0.6B drafter.
+TARGET_MODEL = "gqa4-tied-odd"
+TARGET_SERVER_ARGS = ["--device=cpu", "--dtype=float32", "--no-compile", "--max-seq-len=512"]
 
 # Compiled tests share one inductor cache inside the ignored build folder, so reruns take seconds.
 os.environ.setdefault(
@@ -59,6 +64,26 @@ def exported(tmp_path_factory):
         return {mode: (root / mode, run_export("tiny", root / mode, mode)) for mode in MODES}
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def target_drafters(hf_checkpoint, tmp_path_factory):
+    """{"same": a server of the target's own weights (every draft accepted), "fp8": one of their FP8 export
+    (some drafts rejected)}, started together once for every module that speculates against them."""
+    from export.__main__ import main as export_main
+
+    _, directory = hf_checkpoint(TARGET_MODEL)
+    fp8 = tmp_path_factory.mktemp("fp8") / "export"
+    assert export_main([str(directory), str(fp8)]) == 0
+    servers = {
+        name: ServerProcess(["--model", str(path), *TARGET_SERVER_ARGS])
+        for name, path in (("same", directory), ("fp8", fp8))
+    }
+    try:
+        yield {name: server.wait_ready() for name, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.close()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,7 @@
-"""The speculative loop against scripted drafters, and `python bench/acceptance.py` against real drafter
-servers: with the target's own weights as the drafter every draft is accepted, with an FP8 export of them
-some are not, and either way the output is exactly transformers' greedy generate (lossless). Bad input
-exits 2 with one line saying why."""
+"""`python bench/acceptance.py` against real drafter servers: with the target's own weights as the drafter
+every draft is accepted, with an FP8 export of them some are not, and either way the output is exactly
+transformers' greedy generate (lossless). Bad input exits 2 with one line saying why. The loop itself is
+tested in tests/test_speculative.py."""
 
 from __future__ import annotations
 
@@ -16,15 +16,13 @@ import pytest
 import torch
 
 import bench.acceptance
-from bench.acceptance import main, random_prompts
-from bench.speculative import Stats, speculative_greedy, target_greedy
-from export.__main__ import main as export_main
-from tests.oracle import hf_greedy, make_hf_model
-from tests.server_process import REPO, ServerProcess
+from bench.acceptance import main, random_prompts, target_greedy
+from tests.conftest import TARGET_MODEL as MODEL
+from tests.oracle import HF_CONFIGS, hf_greedy
+from tests.server_process import REPO
 
-MODEL = "gqa4-tied-odd"  # tied embeddings, like the Qwen3-0.6B drafter
-VOCAB_SIZE = 997
-SERVER_ARGS = ["--device=cpu", "--dtype=float32", "--no-compile", "--max-seq-len=512"]
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB_SIZE = HF_CONFIGS[MODEL]["vocab_size"]
 
 
 @pytest.fixture(scope="module")
@@ -33,62 +31,8 @@ def target(hf_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def urls(target, tmp_path_factory):
-    """{"same": a server of the target's own weights, "fp8": one of their FP8 export}, started together."""
-    _, directory = target
-    fp8 = tmp_path_factory.mktemp("fp8") / "export"
-    assert export_main([str(directory), str(fp8)]) == 0
-    servers = {
-        name: ServerProcess(["--model", str(path), *SERVER_ARGS])
-        for name, path in (("same", directory), ("fp8", fp8))
-    }
-    try:
-        yield {name: server.wait_ready() for name, server in servers.items()}
-    finally:
-        for server in servers.values():
-            server.close()
-
-
-def scripted_drafter(prompt: list[int], truth: list[int], wrong_at: int | None = None):
-    """Drafts `truth` (the greedy continuation of `prompt`) from where the context has got to, with draft
-    position `wrong_at`, if given, always wrong."""
-
-    def draft(context: list[int], k: int) -> list[int]:
-        assert context[: len(prompt)] == prompt
-        drafts = truth[len(context) - len(prompt) :][:k]
-        if wrong_at is not None and wrong_at < len(drafts):
-            drafts[wrong_at] = (drafts[wrong_at] + 1) % VOCAB_SIZE
-        return drafts
-
-    return draft
-
-
-def test_speculative_counts_rounds_and_positions(target):
-    model, _ = target
-    prompt = list(range(10, 30))
-    truth = hf_greedy(model, prompt, 25)
-    stats = Stats(num_draft_tokens=5)
-    # Draft 3 is always wrong, so every round keeps 3 drafts + the target's own token: 20 tokens in 5 rounds,
-    # the last with k clipped to 3 (positions 3 and 4 drafted in only 4 rounds).
-    out = speculative_greedy(model, scripted_drafter(prompt, truth, wrong_at=3), prompt, 20, 5, stats)
-    assert out == truth[:20]
-    assert stats.num_rounds == 5 and stats.mean_accepted_tokens == 4
-    assert stats.drafted == [5, 5, 5, 4, 4] and stats.accepted == [5, 5, 5, 0, 0]
-    assert stats.acceptance_by_position == [1, 1, 1, 0, 0] and len(stats.draft_call_ms) == 5
-
-
-@pytest.mark.parametrize("stop_at_eos", [False, True])
-def test_speculative_eos_as_generate_treats_it(stop_at_eos):
-    model = make_hf_model(MODEL)  # its own copy: this test gives it an EOS token
-    prompt = list(range(50, 90))
-    truth = hf_greedy(model, prompt, 40)  # what a drafter that knows nothing of EOS drafts
-    eos = model.generation_config.eos_token_id = truth[9]
-    out = speculative_greedy(model, scripted_drafter(prompt, truth), prompt, 30, 8, Stats(8), stop_at_eos)
-    assert out == target_greedy(model, prompt, 30, stop_at_eos)
-    if stop_at_eos:
-        assert out == truth[: truth.index(eos) + 1]
-    else:  # min_new_tokens masks EOS out of generate's argmax, and the verify pass does the same
-        assert len(out) == 30 and eos not in out
+def urls(target_drafters):
+    return target_drafters
 
 
 def prompts_file(path) -> tuple[str, list[list[int]]]:

@@ -1,0 +1,141 @@
+"""Try speculation from the command line: a transformers target decodes one prompt greedily on its own and
+then through a drafter server (drafter/speculative.py), and we print both speeds, the tokens each round
+kept, and whether the outputs matched (they must: speculation is lossless).
+
+    python -m drafter.client --url http://127.0.0.1:8000 --target DIR|tiny [--prompt-tokens 1 2 3 ...]
+
+Without --prompt-tokens the prompt is 64 seeded random ids. Exit 0 if the outputs matched, 1 if not, 2 on
+bad input or a server that cannot be used (one line on stderr). This module imports torch; the client
+package it lives in does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import time
+
+import httpx
+
+from drafter.client import DraftClient, DraftRequestError
+
+RANDOM_PROMPT_LEN, RANDOM_PROMPT_SEED = 64, 0
+# transformers imports torchao, whose CPU-only import chatter is not the user's concern.
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+class CliError(Exception):
+    """Bad input or an unusable server: one line on stderr, exit 2."""
+
+
+def parse_args(argv):
+    def positive(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        return int(text)
+
+    def token_id(text: str) -> int:
+        if not text.isdigit():
+            raise argparse.ArgumentTypeError(f"expected a token id (a non-negative integer), got {text!r}")
+        return int(text)
+
+    parser = argparse.ArgumentParser(
+        prog="python -m drafter.client",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--url", required=True, help="base URL of a running drafter server")
+    parser.add_argument("--target", required=True, help="HF checkpoint directory of the target, or a preset")
+    parser.add_argument("--prompt-tokens", type=token_id, nargs="+", help="the prompt's token ids")
+    parser.add_argument("--max-new-tokens", type=positive, default=64)
+    parser.add_argument("--num-draft-tokens", type=positive, default=8)
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="[cuda if available]")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="[bfloat16 on CUDA, float32 on CPU]")
+    parser.add_argument("--timeout-s", type=float, default=5.0, help="per draft call [5]")
+    parser.add_argument("--api-key", help="bearer token for the server [DRAFTER_API_KEY]")
+    args = parser.parse_args(argv)
+    args.api_key = args.api_key or os.environ.get("DRAFTER_API_KEY")
+    return args
+
+
+def check_server(client: DraftClient) -> dict:
+    try:
+        ready = client.http.get("/health/ready", timeout=client.timeout_s)
+        if ready.status_code != 200:
+            raise CliError(f"the drafter at {client.url} is not ready (HTTP {ready.status_code})")
+        return client.info()
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        raise CliError(f"cannot reach the drafter at {client.url}: {error}") from None
+
+
+def run(args, client: DraftClient) -> bool:
+    # The server and the prompt are checked before the slow imports, so a typo fails at once; the target
+    # must share the drafter's vocabulary (checked once it is loaded).
+    info = check_server(client)
+    vocab_size = info["vocab_size"]
+    prompt = args.prompt_tokens or random.Random(RANDOM_PROMPT_SEED).choices(
+        range(vocab_size), k=RANDOM_PROMPT_LEN
+    )
+    if max(prompt) >= vocab_size:
+        raise CliError(f"--prompt-tokens: every id must be below the drafter's vocabulary size {vocab_size}")
+
+    import torch
+
+    from drafter.speculative import SpeculationStats, speculative_decoding
+    from drafter.target import load_target
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
+    try:
+        model = load_target(args.target, device, dtype)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if model.config.vocab_size != vocab_size:
+        raise CliError(
+            f"the drafter's vocabulary ({vocab_size}) is not the target's ({model.config.vocab_size})"
+        )
+
+    ids = torch.tensor([prompt], device=device)
+    common = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=args.max_new_tokens)
+    stats = SpeculationStats(args.num_draft_tokens)
+    speculative = dict(
+        custom_generate=speculative_decoding, draft_client=client, num_draft_tokens=stats.num_draft_tokens
+    )
+    model.generate(ids, **{**common, "max_new_tokens": 2})  # warm-up, untimed, of both paths
+    model.generate(ids, **{**common, "max_new_tokens": 2}, **speculative)
+
+    started = time.perf_counter()
+    alone = model.generate(ids, **common)[0, len(prompt) :].tolist()
+    alone_s = time.perf_counter() - started
+    started = time.perf_counter()
+    spec = model.generate(ids, **common, **speculative, speculation_stats=stats)[0, len(prompt) :].tolist()
+    spec_s = time.perf_counter() - started
+
+    print(f"target alone: {len(alone)} tokens in {alone_s:.3f} s, {len(alone) / alone_s:.1f} tokens/s")
+    print(
+        f"speculative:  {len(spec)} tokens in {spec_s:.3f} s, {len(spec) / spec_s:.1f} tokens/s "
+        f"({alone_s / spec_s:.2f}x); {stats.mean_accepted_tokens:.2f} tokens per round of at most "
+        f"{stats.num_draft_tokens + 1} over {stats.num_rounds} rounds, {stats.num_skipped} draft calls skipped"
+    )
+    matched = spec == alone
+    print("output matched: yes" if matched else "output matched: NO")
+    return matched
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    with DraftClient(args.url, args.api_key, timeout_s=args.timeout_s) as client:
+        try:
+            return 0 if run(args, client) else 1
+        except (CliError, DraftRequestError) as error:
+            print(f"drafter.client: error: {error}", file=sys.stderr)
+            return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

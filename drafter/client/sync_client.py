@@ -1,0 +1,161 @@
+"""`DraftClient`: the blocking client a target process imports (no torch, no engine), one keep-alive
+connection pool, and `DraftSession`, one conversation's incremental state. The rules live in
+drafter/client/protocol.py; this module only sends the requests it yields, each within the call's deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Generator
+
+import httpx
+
+from drafter.client.backoff import Backoff
+from drafter.client.protocol import (
+    Request,
+    Response,
+    ServerState,
+    SessionState,
+    close_request,
+    exchange,
+    transport_failed,
+)
+from drafter.client.results import Drafts
+
+DEFAULT_TIMEOUT_S = 0.5  # a draft that comes later than this rarely beats the target decoding alone
+
+
+def draft_options(num_draft_tokens, return_probs: bool, min_confidence: float | None) -> dict:
+    options: dict = {}
+    if num_draft_tokens is not None:
+        options["num_draft_tokens"] = num_draft_tokens
+    if return_probs:
+        options["return_probs"] = True
+    if min_confidence is not None:
+        options["min_confidence"] = min_confidence
+    return options
+
+
+def base_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class DraftClient:
+    """Drafts from a drafter server; never makes the caller wait past `timeout_s` per call.
+
+    On 429/503/504 (and other 5xx), a connection error or a timeout a call returns `Drafts` with no tokens
+    and `skipped` set, and the client backs off (exponentially, at least the server's Retry-After), answering
+    at once without a request until then. Other 4xx raise `DraftRequestError`: they are the caller's bug.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        backoff: Backoff | None = None,
+        max_connections: int = 4,
+    ):
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.http = httpx.Client(base_url=self.url, headers=base_headers(api_key), limits=limits)
+        self.server = ServerState(backoff or Backoff())
+
+    def draft(
+        self,
+        tokens: list[int],
+        num_draft_tokens: int | str | None = None,
+        *,
+        return_probs: bool = False,
+        min_confidence: float | None = None,
+        timeout_s: float | None = None,
+    ) -> Drafts:
+        """One stateless v1 call with the whole context (no session)."""
+        options = draft_options(num_draft_tokens, return_probs, min_confidence)
+        return self.run(exchange(self.server, None, list(tokens), options), None, timeout_s)
+
+    def session(self, name: str | None = None) -> DraftSession:
+        """A conversation: incremental (v2) calls when the server speaks v2. Name it only to share it on
+        purpose; the default is a fresh uuid4."""
+        return DraftSession(self, SessionState(name))
+
+    def info(self) -> dict:
+        """GET /info, raising on any failure (for tools that need the server's limits up front)."""
+        response = self.http.get("/info", timeout=max(self.timeout_s, 5.0))
+        response.raise_for_status()
+        return response.json()
+
+    def run(self, calls: Generator[Request, Response, Drafts], session, timeout_s: float | None) -> Drafts:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        try:
+            request = next(calls)
+            while True:
+                request = calls.send(self.send(request, deadline))
+        except StopIteration as done:
+            return done.value
+        except httpx.TimeoutException:
+            return transport_failed(self.server, session, timed_out=True)
+        except httpx.TransportError:
+            return transport_failed(self.server, session, timed_out=False)
+
+    def send(self, request: Request, deadline: float) -> Response:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise httpx.TimeoutException("the call's deadline passed before this request")
+        response = self.http.request(
+            request.method, request.path, content=request.body, headers=request.headers, timeout=remaining
+        )
+        return Response(response.status_code, dict(response.headers), response.content)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> DraftClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class DraftSession:
+    """One conversation. `draft(context)` takes the whole current context every time; the session works out
+    what the server already holds and sends only the rest when it can."""
+
+    def __init__(self, client: DraftClient, state: SessionState):
+        self.client, self.state = client, state
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    def draft(
+        self,
+        context: list[int],
+        num_draft_tokens: int | str | None = None,
+        *,
+        return_probs: bool = False,
+        min_confidence: float | None = None,
+        timeout_s: float | None = None,
+    ) -> Drafts:
+        options = draft_options(num_draft_tokens, return_probs, min_confidence)
+        calls = exchange(self.client.server, self.state, list(context), options)
+        return self.client.run(calls, self.state, timeout_s)
+
+    def close(self) -> None:
+        """Frees the session on the server (best effort: an unreachable server forgets it anyway)."""
+        request = close_request(self.state)
+        self.state.forget()
+        if request is None:
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            self.client.send(request, time.monotonic() + self.client.timeout_s)
+
+    def __enter__(self) -> DraftSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""`python -m drafter.client`: against a server of the target's own weights it prints both speeds, a full
+k + 1 tokens per round and a matching output; bad input and an unreachable server exit 2 in one line."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import TARGET_MODEL
+from tests.server_process import REPO
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "drafter.client", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def target_dir(hf_checkpoint):
+    return str(hf_checkpoint(TARGET_MODEL)[1])
+
+
+def test_cli_speculates_through_the_server_and_matches(target_drafters, target_dir):
+    done = cli(
+        "--url",
+        target_drafters["same"],
+        "--target",
+        target_dir,
+        "--max-new-tokens=27",
+        "--num-draft-tokens=8",
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"target alone: 27 tokens in [\d.]+ s, [\d.]+ tokens/s", done.stdout), done.stdout
+    # 27 = 3 rounds of 8 accepted drafts + the target's own token
+    assert "9.00 tokens per round of at most 9 over 3 rounds, 0 draft calls skipped" in done.stdout, (
+        done.stdout
+    )
+    assert "output matched: yes" in done.stdout
+
+
+def test_cli_takes_the_prompt_and_checks_its_ids(target_drafters, target_dir):
+    url = target_drafters["fp8"]
+    done = cli("--url", url, "--target", target_dir, "--prompt-tokens", "5", "6", "7", "--max-new-tokens=10")
+    assert done.returncode == 0 and "output matched: yes" in done.stdout, done.stderr
+    done = cli("--url", url, "--target", target_dir, "--prompt-tokens", "5", "99999")
+    assert done.returncode == 2 and "below the drafter's vocabulary size 997" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_unreachable_server_exits_2(target_dir):
+    with socket.socket() as probe:  # a port nobody listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = cli("--url", f"http://127.0.0.1:{port}", "--target", target_dir)
+    assert (
+        done.returncode == 2 and "cannot reach the drafter" in done.stderr and "Traceback" not in done.stderr
+    )

@@ -14,6 +14,7 @@ from drafter.config import ServerConfig
 from drafter.draft_route import draft
 from drafter.errors import EXCEPTION_HANDLERS
 from drafter.runtime import Runtime
+from drafter.session_routes import close_session
 from drafter.status_routes import info, live, metrics, ready
 
 ROUTES = [
@@ -22,6 +23,7 @@ ROUTES = [
     Route("/health/ready", ready, methods=["GET"]),
     Route("/info", info, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/sessions/{name}", close_session, methods=["DELETE"]),
 ]
 
 

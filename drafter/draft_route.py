@@ -15,8 +15,8 @@ from drafter.auth import require_auth
 from drafter.batcher import EngineFailed, Expired, Pending, QueueFull
 from drafter.errors import ApiError, OrjsonResponse
 from drafter.runtime import Runtime
+from drafter.speculation import Call
 from drafter.validation import (
-    DraftParams,
     check_content_length,
     check_content_type,
     parse_draft_body,
@@ -26,6 +26,9 @@ from engine.requests import DraftError, DraftRequest, DraftResult
 
 RETRY_AFTER_OVERLOADED_S = "1"
 RETRY_AFTER_NOT_READY_S = "5"
+EMPTY_RESULT = DraftResult(
+    tokens=[], probs=[], cached=0, prefilled=0, evicted=False, prefill_ms=0.0, decode_ms=0.0
+)
 
 
 async def draft(request: Request) -> OrjsonResponse:
@@ -51,14 +54,17 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
     require_auth(request, runtime.config.api_key)
     if not runtime.ready:
         raise not_ready(runtime.stage, runtime.lifecycle.reason)
+    started = time.perf_counter()
     limits = runtime.limits
     check_content_type(request.headers.get("content-type"))
     check_content_length(request.headers.get("content-length"), limits.max_body_bytes)
     params = parse_draft_body(await read_body(request, limits.max_body_bytes), limits)
-
+    call = runtime.speculation.prepare(params, runtime.batcher.load())
+    if call.num_draft_tokens == 0:  # auto under load: an empty draft now beats any wait
+        return draft_response(call, runtime, EMPTY_RESULT, None, started)
     try:
         pending = runtime.batcher.submit(
-            DraftRequest(params.tokens, params.num_draft_tokens, params.session),
+            DraftRequest(call.context, call.num_draft_tokens, params.session),
             runtime.config.request_timeout_s,
         )
     except QueueFull:
@@ -70,12 +76,11 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
         ) from None
     except EngineFailed:
         raise not_ready("failed", runtime.lifecycle.reason) from None
+    host_s = time.perf_counter() - started
     result = await wait_for_result(request, runtime, pending)
     if result is None:  # the client is gone; nobody reads this
         return OrjsonResponse(None, status_code=499)
-    response, num_tokens = draft_response(params, result, pending)
-    runtime.metrics.draft_tokens.inc(num_tokens)
-    return response
+    return draft_response(call, runtime, result, pending, time.perf_counter() - host_s)
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
@@ -115,19 +120,28 @@ async def wait_for_result(request: Request, runtime: Runtime, pending: Pending) 
         disconnected.cancel()
 
 
-def draft_response(params: DraftParams, result: DraftResult, pending: Pending) -> tuple[OrjsonResponse, int]:
+def draft_response(
+    call: Call, runtime: Runtime, result: DraftResult, pending: Pending | None, host_started: float
+) -> OrjsonResponse:
+    """The answer; `host_started` is when this call's host work began, less the time it spent queued and
+    on the engine, so the `host` timing is the server's own per-call CPU cost."""
+    params = call.params
     tokens, probs = result.tokens, result.probs
     if params.min_confidence > 0:
         keep = next((i for i, p in enumerate(probs) if p < params.min_confidence), len(probs))
         tokens, probs = tokens[:keep], probs[:keep]
-    body = {"tokens": tokens, "cached": result.cached}
+    body = {"tokens": tokens, "cached": result.cached, **runtime.speculation.finish(call, tokens)}
     if params.return_probs:
         body["probs"] = probs
-    queue_ms = (pending.started - pending.arrived) * 1e3
-    timing = (
-        f"queue;dur={queue_ms:.3f}, prefill;dur={result.prefill_ms:.3f}, decode;dur={result.decode_ms:.3f}"
+    runtime.metrics.draft_tokens.inc(len(tokens))
+    queue_ms = 0.0 if pending is None else (pending.started - pending.arrived) * 1e3
+    response = OrjsonResponse(body)  # serializes here, so the host time below includes it
+    host_ms = (time.perf_counter() - host_started) * 1e3
+    response.headers["Server-Timing"] = (
+        f"queue;dur={queue_ms:.3f}, prefill;dur={result.prefill_ms:.3f}, "
+        f"decode;dur={result.decode_ms:.3f}, host;dur={host_ms:.3f}"
     )
-    return OrjsonResponse(body, headers={"Server-Timing": timing}), len(tokens)
+    return response
 
 
 def not_ready(stage: str, reason: str | None) -> ApiError:

@@ -10,7 +10,7 @@ maximizes exactly this ratio; k = 0 costs only the verify pass and yields one to
 Why one p and not one per position: a draft stops at its first rejection, so a per-position estimate never
 sees positions past it; after acceptance drops, the deep positions would keep their old optimism and hold k
 long for dozens of rounds. One p (the censored-geometric estimate: accepted / (accepted + rejections), over
-exponentially decayed counts) learns from every round at every length and follows a change in ~3-6 rounds.
+exponentially decayed counts) learns from every round at every length and follows a change in ~4-6 rounds.
 Per-position acceptance is still counted, for /info and /metrics (drafter.speculation).
 
 Why load shrinks k: on a busy engine a decode step of this request is a step every queued or batched
@@ -30,7 +30,7 @@ import numpy as np
 
 PRIOR_ACCEPTANCE = 0.7  # a fresh server's guess, before any feedback arrives
 PRIOR_WEIGHT = 2.0  # worth two rounds of evidence: the first real rounds outweigh it at once
-DECAY = 0.7  # per round: evidence older than ~3 rounds fades, so a change in acceptance shows quickly
+DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
 
 
 @dataclass(frozen=True, slots=True)

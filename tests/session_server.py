@@ -28,9 +28,9 @@ def session_server_args(directory: Path) -> list[str]:
         "--max-queue=64",
         "--request-timeout-s=60",
         "--default-draft-length=auto",
-        # A verify pass worth ~100 draft steps or more, whatever this shared CPU measures at startup, so
+        # A verify pass worth ~50 draft steps or more, whatever this shared CPU measures at startup, so
         # auto's choices depend on acceptance, not on the machine's load.
-        "--target-verify-ms=100",
+        "--target-verify-ms=50",
         f"--auto-max-queue={AUTO_MAX_QUEUE}",
     ]
 

@@ -96,7 +96,7 @@ class Runtime:
             max_body_bytes=config.max_body_bytes,
         )
         self.speculation = Speculation(
-            SessionTable(config.max_sessions, config.session_ttl_s, config.max_draft_tokens),
+            SessionTable(config.max_sessions, config.session_ttl_s, config.max_seq_len),
             DraftLengthPolicy(
                 DraftCost(config.target_verify_ms, base_ms, step_ms),
                 config.max_draft_tokens,

@@ -3,8 +3,16 @@ to it), the capability token that guards it, and its acceptance estimate, bounde
 
 A session name only addresses a session; its token (fresh, unguessable, made whenever a full-context call
 rebuilds the session) is what lets a v2 call read the stored sequence, so one client never extends another's
-context by guessing its name. Sequences are int64 numpy arrays that are never written in place: a call
-snapshots what it read, drafts without holding anything, and `commit` swaps in new arrays afterwards.
+context by guessing its name.
+
+Why a buffer: the engine needs each call's whole context as one int64 array, and copying 32k ids per call
+costs more than everything else a v2 call does. So a session keeps its last context as the head of a
+buffer with room to grow, and a v2 call that goes forward (prefix_len at or past the last context) writes
+its accepted drafts and new tokens into the free room after it: O(new tokens), and the context it hands
+the engine is a view of the buffer. Nothing the engine was ever handed is written again: a rollback, a
+second call of the session still in flight, or a full buffer copies into a new buffer instead (and a
+full-context call always starts one). The drafts live apart from the buffer, so the room after the
+context is scratch that no reader relies on, and a call that fails leaves the session as it was.
 
 This module knows nothing of HTTP, the engine or the KV cache: the engine may evict a conversation's cache at
 any time and re-prefill it; a session is gone only when this table drops it (TTL, count, close, restart).
@@ -15,12 +23,14 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from drafter.draft_length import Acceptance
+
+MIN_CAPACITY = 1024  # ids; a buffer grows by doubling, so a conversation copies O(log length) times
 
 
 class SessionUnknown(Exception):
@@ -31,14 +41,24 @@ class SessionUnknown(Exception):
 class Session:
     name: str
     token: str
-    context_len: int  # length of the last call's context; the rest of `sequence` are the drafts returned
-    sequence: np.ndarray  # int64 [context_len + num_drafts], never written in place
+    buffer: np.ndarray  # int64 [capacity]: the last context, then scratch room
+    context_len: int  # the last call's context is buffer[:context_len]
+    drafts: np.ndarray  # int64 [k], the drafts returned to the last call
     acceptance: Acceptance  # this conversation's estimate, see drafter.draft_length
     touched: float  # clock time of the last call
+    in_flight: int = 0  # v2 calls drafting from this session now
 
     @property
-    def drafts(self) -> np.ndarray:
-        return self.sequence[self.context_len :]
+    def context(self) -> np.ndarray:
+        return self.buffer[: self.context_len]
+
+    @property
+    def sequence_len(self) -> int:
+        return self.context_len + len(self.drafts)
+
+
+def new_buffer(length: int, max_len: int) -> np.ndarray:
+    return np.empty(min(max(2 * length, MIN_CAPACITY), max(max_len, length)), dtype=np.int64)
 
 
 def accepted_drafts(session: Session, context: np.ndarray, known_equal: int) -> int | None:
@@ -46,17 +66,19 @@ def accepted_drafts(session: Session, context: np.ndarray, known_equal: int) -> 
     context with those drafts. None when `context` does not extend the last context (a rollback or another
     conversation), since then the drafts were never verified. `context[:known_equal]` is known to equal
     the stored sequence (a v2 prefix), so only the rest is compared: O(new tokens) for v2 calls."""
-    last_len, sequence = session.context_len, session.sequence
+    last, drafts = session.context, session.drafts
+    last_len = len(last)
     if len(context) < last_len:
         return None
-    if known_equal < last_len and not np.array_equal(
-        context[known_equal:last_len], sequence[known_equal:last_len]
-    ):
+    if known_equal < last_len and not np.array_equal(context[known_equal:last_len], last[known_equal:]):
         return None
-    drafts = session.drafts
     num_compared = min(len(context) - last_len, len(drafts))
-    mismatches = np.flatnonzero(context[last_len : last_len + num_compared] != drafts[:num_compared])
-    return int(mismatches[0]) if len(mismatches) else num_compared
+    # At most max_draft_tokens ids: Python lists beat numpy's per-call overhead at this size.
+    kept = context[last_len : last_len + num_compared].tolist()
+    for position, (token, draft) in enumerate(zip(kept, drafts[:num_compared].tolist(), strict=True)):
+        if token != draft:
+            return position
+    return num_compared
 
 
 class SessionTable:
@@ -64,10 +86,10 @@ class SessionTable:
         self,
         max_sessions: int,
         ttl_s: float,
-        max_draft_tokens: int,
+        max_len: int,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.max_sessions, self.ttl_s, self.max_draft_tokens = max_sessions, ttl_s, max_draft_tokens
+        self.max_sessions, self.ttl_s, self.max_len = max_sessions, ttl_s, max_len  # max_len: longest context
         self.clock = clock
         self.sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self.num_expired = 0
@@ -81,17 +103,37 @@ class SessionTable:
         self.expire()
         return self.sessions.get(name)
 
+    def full_context(self, tokens: Sequence[int]) -> np.ndarray:
+        """A full-context call's context, converted once into the head of a new session buffer."""
+        buffer = new_buffer(len(tokens), self.max_len)
+        buffer[: len(tokens)] = tokens
+        return buffer[: len(tokens)]
+
     def extend(
         self, name: str, token: str, prefix_len: int, new_tokens: np.ndarray
     ) -> tuple[Session, np.ndarray]:
-        """A v2 call's session and full context (its sequence's first prefix_len tokens, then new_tokens),
-        or SessionUnknown; nothing changes either way."""
+        """A v2 call's session and whole context (the sequence's first prefix_len tokens, then new_tokens),
+        or SessionUnknown. The call then holds the session until `commit` or `release`."""
         session = self.get(name)
         if session is None or not secrets.compare_digest(session.token, token):
             raise SessionUnknown
-        if prefix_len > len(session.sequence):
+        if prefix_len > session.sequence_len:
             raise SessionUnknown
-        return session, np.concatenate([session.sequence[:prefix_len], new_tokens])
+        last_len, end = session.context_len, prefix_len + len(new_tokens)
+        num_kept = max(prefix_len - last_len, 0)  # drafts the new context keeps
+        if prefix_len >= last_len and session.in_flight == 0 and end <= len(session.buffer):
+            buffer = session.buffer  # forward, alone, with room: write only into the scratch room
+        else:
+            buffer = new_buffer(end, self.max_len)
+            buffer[: min(prefix_len, last_len)] = session.buffer[: min(prefix_len, last_len)]
+        buffer[last_len : last_len + num_kept] = session.drafts[:num_kept]
+        buffer[prefix_len:end] = new_tokens
+        session.in_flight += 1
+        return session, buffer[:end]
+
+    def release(self, session: Session) -> None:
+        """A v2 call that holds `session` failed: the session stays as it was."""
+        session.in_flight -= 1
 
     def commit(
         self,
@@ -102,26 +144,27 @@ class SessionTable:
         drafts: list[int],
         acceptance: Acceptance,
     ) -> str:
-        """Store a finished call: its context and drafts become the sequence. A full-context call (rebuild)
-        makes a fresh token; a v2 call keeps the one it was granted, and writes nothing when the session it
-        read was closed or rebuilt while it drafted (its client will get a 409 and resync). Returns the
-        session token the answer carries."""
-        now = self.clock()
-        sequence = np.concatenate([context, np.asarray(drafts, dtype=np.int64)])
+        """Store a finished call: its context (a view of a session buffer, from `extend` or `full_context`)
+        and drafts become the sequence. A full-context call (rebuild) makes a fresh token; a v2 call keeps
+        the one it was granted, and writes nothing when the session it read was closed or rebuilt while it
+        drafted (its client will get a 409 and resync). Returns the session token the answer carries."""
+        now, draft_array = self.clock(), np.asarray(drafts, dtype=np.int64)
+        assert context.base is not None  # a view of a session buffer
         if not rebuild:
             assert read is not None
+            read.in_flight -= 1
             if self.sessions.get(name) is read:
-                read.context_len, read.sequence, read.acceptance = len(context), sequence, acceptance
-                read.touched = now
+                read.buffer, read.context_len, read.drafts = context.base, len(context), draft_array
+                read.acceptance, read.touched = acceptance, now
                 self.sessions.move_to_end(name)
             return read.token
         self.sessions.pop(name, None)
-        session = Session(name, secrets.token_urlsafe(16), len(context), sequence, acceptance, now)
-        self.sessions[name] = session
+        token = secrets.token_urlsafe(16)
+        self.sessions[name] = Session(name, token, context.base, len(context), draft_array, acceptance, now)
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
             self.num_evicted += 1
-        return session.token
+        return token
 
     def close(self, name: str, token: str) -> bool:
         session = self.get(name)

@@ -2,8 +2,9 @@
 the session's last drafts that context kept, the k that `"auto"` picks, and, once drafted, the session's
 new state and the acceptance tally (Prometheus counters and the figures `/info` shows).
 
-`prepare` runs before the call is queued and changes nothing (a refused or failed call leaves the server as
-it was); `finish` runs only after drafts are in hand. The engine always receives the whole context.
+`prepare` runs before the call is queued and changes nothing a reader sees; then exactly one of `finish`
+(drafts in hand) or `abandon` (the call failed: the server stays as it was). The engine always receives the
+whole context.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Call:
     num_previous_drafts: int
     acceptance: Acceptance  # the estimate after this call's feedback
     num_draft_tokens: int  # what to draft; 0 = answer at once without queueing
+    settled: bool = False  # finished or abandoned: a v2 call lets go of its session exactly once
 
 
 class Speculation:
@@ -54,10 +56,12 @@ class Speculation:
         self.max_seq_len = max_seq_len
         self.acceptance = Acceptance()  # server-wide: where new sessions start
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
-        self.drafted_per_pos = np.zeros(max_draft_tokens, dtype=np.int64)
-        self.accepted_per_pos = np.zeros(max_draft_tokens, dtype=np.int64)
-        for position in range(max_draft_tokens):  # every position shows in /metrics from the start
-            metrics.spec_accepted_per_pos.labels(str(position))
+        # Python lists: at most max_draft_tokens entries, updated on every call, where numpy's per-call
+        # overhead would cost more than the loop.
+        self.drafted_per_pos = [0] * max_draft_tokens
+        self.accepted_per_pos = [0] * max_draft_tokens
+        # Every position shows in /metrics from the start; children looked up once, not per call.
+        self.accepted_at = [metrics.spec_accepted_per_pos.labels(str(i)) for i in range(max_draft_tokens)]
         metrics.sessions_live.set_function(lambda: len(self.sessions))
 
     def prepare(self, params: DraftParams, load: Load) -> Call:
@@ -72,7 +76,7 @@ class Speculation:
                 raise session_unknown() from None
             known_equal = params.prefix_len
         elif params.session is not None:
-            context = np.asarray(params.tokens, dtype=np.int64)
+            context = self.sessions.full_context(params.tokens)
             session = self.sessions.get(params.session)
         else:
             context = params.tokens  # the engine converts it; nothing here needs an array
@@ -89,6 +93,7 @@ class Speculation:
     def finish(self, call: Call, drafts: list[int]) -> dict:
         """Store the session and count the feedback; the answer's extra fields."""
         params = call.params
+        call.settled = True
         fields: dict = {"num_draft_tokens": call.num_draft_tokens}
         if call.accepted is not None:
             fields["accepted"] = call.accepted
@@ -98,7 +103,7 @@ class Speculation:
                 params.session,
                 call.session,
                 params.prefix_len is None,
-                np.asarray(call.context, dtype=np.int64),
+                call.context,
                 drafts,
                 call.acceptance,
             )
@@ -107,6 +112,11 @@ class Speculation:
                 self.sessions.close(params.session, token)
         return fields
 
+    def abandon(self, call: Call) -> None:
+        if not call.settled and call.params.prefix_len is not None:
+            self.sessions.release(call.session)
+        call.settled = True
+
     def record(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted == 0:  # nothing was proposed, so nothing was verified
             return
@@ -114,19 +124,21 @@ class Speculation:
         self.num_drafts += 1
         self.num_draft_tokens += num_drafted
         self.num_accepted_tokens += num_accepted
-        self.drafted_per_pos[:num_drafted] += 1
-        self.accepted_per_pos[:num_accepted] += 1
+        for position in range(num_drafted):
+            self.drafted_per_pos[position] += 1
+        for position in range(num_accepted):
+            self.accepted_per_pos[position] += 1
         metrics.spec_drafts.inc()
         metrics.spec_draft_tokens.inc(num_drafted)
         metrics.spec_accepted_tokens.inc(num_accepted)
-        for position in range(num_accepted):
-            metrics.spec_accepted_per_pos.labels(str(position)).inc()
+        for counter in self.accepted_at[:num_accepted]:
+            counter.inc()
         self.acceptance = self.acceptance.updated(num_drafted, num_accepted)
 
     def describe(self) -> dict:
         drafted = self.drafted_per_pos
         per_position = [
-            round(int(accepted) / int(num), 4) if num else None
+            round(accepted / num, 4) if num else None
             for accepted, num in zip(self.accepted_per_pos, drafted, strict=True)
         ]
         return {
@@ -139,6 +151,6 @@ class Speculation:
             ),
             # P(accepted | the draft had this position), over verified drafts; null where none had it
             "acceptance_per_position": per_position,
-            "num_drafted_per_position": drafted.tolist(),
+            "num_drafted_per_position": list(drafted),
             "server_acceptance_estimate": round(self.acceptance.p, 4),
         }

@@ -22,22 +22,70 @@ def ids(*values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
+def sequence(session) -> list[int]:
+    return session.context.tolist() + session.drafts.tolist()
+
+
 def table(max_sessions: int = 4, ttl_s: float = 10.0, clock=None) -> SessionTable:
-    return SessionTable(max_sessions, ttl_s, max_draft_tokens=8, clock=clock or Clock())
+    return SessionTable(max_sessions, ttl_s, max_len=4096, clock=clock or Clock())
 
 
 def rebuild(sessions: SessionTable, name: str, context, drafts) -> str:
-    return sessions.commit(name, sessions.get(name), True, ids(*context), list(drafts), Acceptance())
+    full = sessions.full_context(list(context))
+    return sessions.commit(name, sessions.get(name), True, full, list(drafts), Acceptance())
 
 
-def test_session_extend_rebuilds_the_context_from_prefix_and_new_tokens():
+def finish(sessions: SessionTable, name: str, token: str, prefix_len: int, new, drafts) -> np.ndarray:
+    session, context = sessions.extend(name, token, prefix_len, ids(*new))
+    sessions.commit(name, session, False, context, list(drafts), session.acceptance)
+    return context
+
+
+@pytest.mark.parametrize(
+    "prefix_len, new, expected",
+    [(5, [4], [1, 2, 3, 7, 8, 4]), (0, [5], [5]), (2, [5], [1, 2, 5]), (6, [], [1, 2, 3, 7, 8, 9])],
+)
+def test_session_extend_rebuilds_the_context_from_prefix_and_new_tokens(prefix_len, new, expected):
     sessions = table()
     token = rebuild(sessions, "a", [1, 2, 3], [7, 8, 9])
-    session, context = sessions.extend("a", token, 5, ids(4))
-    assert context.tolist() == [1, 2, 3, 7, 8, 4]
-    assert session.sequence.tolist() == [1, 2, 3, 7, 8, 9]  # reading changes nothing
-    assert sessions.extend("a", token, 0, ids(5))[1].tolist() == [5]
-    assert sessions.extend("a", token, 6, ids())[1].tolist() == [1, 2, 3, 7, 8, 9]
+    session, context = sessions.extend("a", token, prefix_len, ids(*new))
+    assert context.tolist() == expected
+    assert sequence(session) == [1, 2, 3, 7, 8, 9]  # reading changes nothing a reader sees
+    sessions.release(session)
+    assert session.in_flight == 0
+
+
+def test_session_forward_extension_writes_in_place_and_never_touches_what_the_engine_was_given():
+    sessions = table()
+    token = rebuild(sessions, "a", list(range(10)), [50, 51, 52])
+    first = sessions.get("a").context
+    context = finish(sessions, "a", token, 12, [99], [60, 61])  # two drafts kept, then the target's token
+    assert context.base is first.base  # no copy: the new ids went into the buffer's free room
+    assert first.tolist() == list(range(10))
+    rolled = finish(sessions, "a", token, 4, [77], [62])  # a rollback copies into a new buffer
+    assert rolled.base is not context.base
+    assert context.tolist() == list(range(10)) + [50, 51, 99] and rolled.tolist() == [0, 1, 2, 3, 77]
+    assert sequence(sessions.get("a")) == [0, 1, 2, 3, 77, 62]
+
+
+def test_session_second_call_in_flight_copies_and_a_failed_call_changes_nothing():
+    sessions = table()
+    token = rebuild(sessions, "a", [1, 2, 3], [7, 8])
+    session, first = sessions.extend("a", token, 4, ids(5))
+    _, second = sessions.extend("a", token, 3, ids(6))  # the first still drafts from the buffer
+    assert first.tolist() == [1, 2, 3, 7, 5] and second.tolist() == [1, 2, 3, 6]
+    assert second.base is not first.base
+    sessions.release(session)
+    sessions.release(session)
+    assert sequence(sessions.get("a")) == [1, 2, 3, 7, 8] and session.in_flight == 0
+
+
+def test_session_buffer_grows_when_a_context_outgrows_it():
+    sessions = table()
+    token = rebuild(sessions, "a", [1], [2])
+    long_tail = list(range(3000))
+    context = finish(sessions, "a", token, 2, long_tail, [5])
+    assert context.tolist() == [1, 2, *long_tail] and len(sessions.get("a").buffer) >= len(context)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +98,7 @@ def test_session_extend_refuses_unknown_sessions_wrong_tokens_and_long_prefixes(
     real = rebuild(sessions, "a", [1, 2, 3], [7, 8, 9])
     with pytest.raises(SessionUnknown):
         sessions.extend(name, token or real, prefix_len, ids(4))
-    assert sessions.get("a").sequence.tolist() == [1, 2, 3, 7, 8, 9]
+    assert sequence(sessions.get("a")) == [1, 2, 3, 7, 8, 9]
     assert sessions.get("a").token == real
 
 
@@ -61,8 +109,9 @@ def test_session_token_is_new_on_every_rebuild_and_kept_by_extensions():
     assert first != second and len(second) >= 20
     session, context = sessions.extend("a", second, 3, ids(4))
     assert sessions.commit("a", session, False, context, [5, 6], session.acceptance) == second
-    assert sessions.get("a").sequence.tolist() == [1, 2, 3, 4, 5, 6]
-    assert sessions.get("a").context_len == 4
+    assert session.in_flight == 0
+    assert sequence(sessions.get("a")) == [1, 2, 3, 4, 5, 6]
+    assert sessions.get("a").context.tolist() == [1, 2, 3, 4]
 
 
 def test_session_extension_finishing_after_a_close_or_rebuild_writes_nothing():
@@ -74,7 +123,7 @@ def test_session_extension_finishing_after_a_close_or_rebuild_writes_nothing():
     assert sessions.get("a") is None
     newer = rebuild(sessions, "a", [9], [9])
     sessions.commit("a", session, False, context, [5], session.acceptance)
-    assert sessions.get("a").token == newer and sessions.get("a").sequence.tolist() == [9, 9]
+    assert sessions.get("a").token == newer and sequence(sessions.get("a")) == [9, 9]
 
 
 def test_session_close_needs_the_token():
@@ -89,8 +138,7 @@ def test_session_table_drops_least_recently_used_past_its_count_and_idle_ones_pa
     sessions = table(max_sessions=2, ttl_s=10.0, clock=clock)
     tokens = {name: rebuild(sessions, name, [1], [2]) for name in "ab"}
     clock.now = 5.0
-    session, context = sessions.extend("a", tokens["a"], 2, ids(3))
-    sessions.commit("a", session, False, context, [], session.acceptance)  # "a" is now the most recent
+    finish(sessions, "a", tokens["a"], 2, [3], [])  # "a" is now the most recent
     rebuild(sessions, "c", [1], [2])
     assert sessions.get("b") is None and sessions.get("a") is not None and len(sessions) == 2
     clock.now = 15.5  # "a" was touched at 5 and "c" at 5: both idle past 10 s

@@ -93,3 +93,22 @@ def test_draft_cost_and_policy_refuse_impossible_settings():
         DraftCost(target_verify_ms=0, draft_base_ms=1, step_ms=1)
     with pytest.raises(DraftLengthConfigError, match="queue"):
         DraftLengthPolicy(COST, MAX_K, 8, max_queue_depth=-1)
+
+
+def test_default_draft_length_flag_and_variable_take_auto_or_a_count():
+    from drafter.cli import UsageError, config_from_args
+    from drafter.config import ServerConfigError
+
+    assert (
+        config_from_args(["--device=cpu", "--default-draft-length=auto"], {}).default_num_draft_tokens
+        == "auto"
+    )
+    config = config_from_args(["--device=cpu"], {"DRAFTER_DEFAULT_DRAFT_LENGTH": "5"})
+    assert config.default_num_draft_tokens == 5 and config.auto_zero_queue_depth == config.max_batch_size
+    assert config_from_args(["--device=cpu"], {}).default_num_draft_tokens == 16
+    with pytest.raises(UsageError, match="DRAFTER_DEFAULT_DRAFT_LENGTH"):
+        config_from_args(["--device=cpu"], {"DRAFTER_DEFAULT_DRAFT_LENGTH": "always"})
+    with pytest.raises(ServerConfigError, match="default_draft_length"):
+        config_from_args(["--device=cpu", "--default-draft-length=17"], {})
+    with pytest.raises(ServerConfigError, match="target_verify_ms"):
+        config_from_args(["--device=cpu", "--target-verify-ms=0"], {})

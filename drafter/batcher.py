@@ -54,10 +54,11 @@ class Batcher:
         window_s: float,
         metrics: Metrics,
         on_engine_failure: Callable[[BaseException], None],
+        on_decode: Callable[[float, int], None] = lambda decode_ms, num_steps: None,
     ):
         self.engine_thread, self.draft_batch = engine_thread, draft_batch
         self.max_batch_size, self.max_queue, self.window_s = max_batch_size, max_queue, window_s
-        self.metrics, self.on_engine_failure = metrics, on_engine_failure
+        self.metrics, self.on_engine_failure, self.on_decode = metrics, on_engine_failure, on_decode
         self.waiting: deque[Pending] = deque()
         self.running = 0  # requests in the batch on the engine now
         self.wakeup = asyncio.Event()
@@ -155,6 +156,7 @@ class Batcher:
         finally:
             self.running = 0
         self.record(results)
+        self.on_decode(results[0].decode_ms, max(p.request.num_draft_tokens for p in batch))
         for pending, result in zip(batch, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)

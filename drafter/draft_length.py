@@ -30,6 +30,7 @@ import numpy as np
 
 PRIOR_ACCEPTANCE = 0.7  # a fresh server's guess, before any feedback arrives
 PRIOR_WEIGHT = 2.0  # worth two rounds of evidence: the first real rounds outweigh it at once
+STEP_WEIGHT = 0.05  # of each batch's decode ms per step in the running step cost
 DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
 
 
@@ -82,6 +83,12 @@ class DraftLengthPolicy:
             raise DraftLengthConfigError(f"auto max queue depth must be >= 0, got {max_queue_depth}")
         self.cost, self.max_draft_tokens = cost, max_draft_tokens
         self.max_batch_size, self.max_queue_depth = max_batch_size, max_queue_depth
+        self.step_ms = cost.step_ms  # refined by every batch: a startup measure on a busy host is noisy
+
+    def observe(self, decode_ms: float, num_steps: int) -> None:
+        """A batch's decode loop took decode_ms for num_steps steps."""
+        if num_steps > 0:
+            self.step_ms += STEP_WEIGHT * (decode_ms / num_steps - self.step_ms)
 
     def choose(self, acceptance: Acceptance, load: Load, room: int) -> int:
         """k in [0, min(max_draft_tokens, room)]: 0 only under load (or with no room left)."""
@@ -89,7 +96,7 @@ class DraftLengthPolicy:
         if load.queue_depth >= self.max_queue_depth or limit < 1:
             return 0
         cost = self.cost
-        step_ms = cost.step_ms * (1.0 + (load.queue_depth + load.running) / self.max_batch_size)
+        step_ms = self.step_ms * (1.0 + (load.queue_depth + load.running) / self.max_batch_size)
         expected = np.cumsum(np.full(limit, acceptance.p).cumprod())  # E[accepted | k] for k = 1..limit
         ks = np.arange(1, limit + 1)
         rate = (1.0 + expected) / (cost.target_verify_ms + cost.draft_base_ms + ks * step_ms)
@@ -101,7 +108,8 @@ class DraftLengthPolicy:
             "objective": "max (1 + E[accepted | k]) / (target_verify_ms + draft_base_ms + k * step_ms)",
             "target_verify_ms": cost.target_verify_ms,
             "draft_base_ms": round(cost.draft_base_ms, 4),
-            "step_ms": round(cost.step_ms, 4),
+            "step_ms": round(self.step_ms, 4),
+            "step_ms_at_startup": round(cost.step_ms, 4),
             "load_step_factor": "1 + (queue_depth + running) / max_batch_size",
             "zero_drafts_at_queue_depth": self.max_queue_depth,
             "acceptance_estimate": "decayed accepted / (accepted + rejections), per session",

@@ -41,6 +41,7 @@ class Runtime:
         self.limits: Limits | None = None
         self.batcher: Batcher | None = None
         self.speculation: Speculation | None = None
+        self.replays_whole_loop = False
         self.engine_thread: EngineThread | None = None
         self.draining = False
         self.in_flight = 0  # /draft requests inside a handler; SIGTERM waits for this to reach 0
@@ -88,6 +89,7 @@ class Runtime:
             self.fatal.set()
             return
         self.engine = engine
+        self.replays_whole_loop = bool(engine.info()["cuda_graphs"])
         self.limits = Limits(
             vocab_size=engine.loaded.config.vocab_size,
             max_seq_len=config.max_seq_len,
@@ -115,6 +117,7 @@ class Runtime:
             config.batch_window_ms / 1e3,
             self.metrics,
             self.on_engine_failure,
+            self.observe_decode,
         )
         self.batcher.start()
         log.info(
@@ -126,6 +129,11 @@ class Runtime:
             snapshot["stage_seconds"],
             snapshot["fallbacks"] or "none",
         )
+
+    def observe_decode(self, decode_ms: float, num_steps: int) -> None:
+        if self.replays_whole_loop:  # CUDA graphs run every step whatever k was asked (no tiers yet)
+            num_steps = self.config.max_draft_tokens
+        self.speculation.policy.observe(decode_ms, num_steps)
 
     def on_engine_failure(self, error: BaseException) -> None:
         # Readiness and liveness both fail from here on, so an orchestrator restarts the process.

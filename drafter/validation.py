@@ -136,10 +136,8 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
         raise invalid("tokens is required: the whole context as a list of token ids", "tokens")
     if not isinstance(tokens, list):
         raise invalid("tokens must be a list of integers", "tokens")
-    if not tokens:
-        if not prefix_len:  # an incremental call may add nothing to a non-empty prefix
-            raise invalid("tokens must not be empty (unless prefix_len is at least 1)", "tokens")
-        return tokens
+    if not tokens and not prefix_len:  # an incremental call may add nothing to a non-empty prefix
+        raise invalid("tokens must not be empty (unless prefix_len is at least 1)", "tokens")
     context_len = len(tokens) + (prefix_len or 0)
     if context_len + num_draft_tokens > limits.max_seq_len:
         raise invalid(
@@ -147,6 +145,8 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
             f"(the max context), got {context_len} + {num_draft_tokens}",
             "tokens",
         )
+    if not tokens:
+        return tokens
     if set(map(type, tokens)) != {int}:  # one C-level pass; refuses bool, float, str, null alike
         raise invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
     if min(tokens) < 0 or max(tokens) >= limits.vocab_size:

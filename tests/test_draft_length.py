@@ -112,3 +112,12 @@ def test_default_draft_length_flag_and_variable_take_auto_or_a_count():
         config_from_args(["--device=cpu", "--default-draft-length=17"], {})
     with pytest.raises(ServerConfigError, match="target_verify_ms"):
         config_from_args(["--device=cpu", "--target-verify-ms=0"], {})
+
+
+def test_step_cost_follows_what_batches_measure():
+    measured = policy()
+    for _ in range(200):
+        measured.observe(decode_ms=40.0, num_steps=8)  # 5 ms a step, not the 1 ms measured at startup
+    assert measured.step_ms == pytest.approx(5.0, rel=0.01)
+    estimate = Acceptance(accepted=8, rejected=2)
+    assert measured.choose(estimate, IDLE, room=1000) < policy().choose(estimate, IDLE, room=1000)

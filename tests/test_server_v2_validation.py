@@ -42,6 +42,13 @@ BAD_V2 = {
         "tokens",
         "4096",
     ),
+    "empty tokens past max": (
+        {"prefix_len": MAX_SEQ_LEN - 3, "tokens": []},
+        400,
+        "invalid_request",
+        "tokens",
+        "4096",
+    ),
     "auto capitalized": ({"num_draft_tokens": "Auto"}, 400, "invalid_request", "num_draft_tokens", '"auto"'),
     "auto misspelt": ({"num_draft_tokens": MARKER}, 400, "invalid_request", "num_draft_tokens", '"auto"'),
     "k zero": ({"num_draft_tokens": 0}, 400, "invalid_request", "num_draft_tokens", "[1, 16]"),

@@ -81,12 +81,14 @@ def run_conversation(client: httpx.Client, strategy, phases: list[float], rounds
     }
 
 
-def adaptive(client: httpx.Client, rounds: int, max_k: int) -> list[dict]:
+def adaptive(client: httpx.Client, rounds: int, max_k: int, seeds: int) -> list[dict]:
     rows = []
     for strategy in ["auto", *range(1, max_k + 1)]:
         row = {"strategy": strategy}
         for scenario, phases in SCENARIOS.items():
-            results = [run_conversation(client, strategy, phases, rounds, seed) for seed in (1, 2)]
+            results = [
+                run_conversation(client, strategy, phases, rounds, seed) for seed in range(1, seeds + 1)
+            ]
             row[scenario] = {key: statistics.fmean(r[key] for r in results) for key in results[0]}
         rows.append(row)
         print(f"  {strategy}: done", file=sys.stderr)
@@ -169,6 +171,7 @@ def report_protocol(protocol_rows: list[dict]) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running server (started with --target-verify-ms 25)")
+    parser.add_argument("--seeds", type=int, default=2, help="conversations per strategy and scenario [2]")
     parser.add_argument("--rounds", type=int, default=40, help="calls per conversation [40]")
     parser.add_argument("--contexts", default="2048,8192,32768", help="protocol context lengths")
     parser.add_argument("--max-draft-tokens", type=int, default=16)
@@ -188,14 +191,14 @@ def main(argv=None) -> None:
     try:
         url = args.url or server.wait_ready()
         with httpx.Client(base_url=url, timeout=600) as client:
-            info = client.get("/info").json()
             adaptive_rows, protocol_rows = [], []
             if "adaptive" in args.parts:
                 print("adaptive k ...", file=sys.stderr)
-                adaptive_rows = adaptive(client, args.rounds, args.max_draft_tokens)
+                adaptive_rows = adaptive(client, args.rounds, args.max_draft_tokens, args.seeds)
             if "protocol" in args.parts:
                 print("v1 vs v2 host time ...", file=sys.stderr)
                 protocol_rows = protocol(client, contexts, args.rounds)
+            info = client.get("/info").json()  # after the run: the step cost has followed every batch
     finally:
         if server is not None:
             server.close()

@@ -54,16 +54,19 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
     require_auth(request, runtime.config.api_key)
     if not runtime.ready:
         raise not_ready(runtime.stage, runtime.lifecycle.reason)
-    # Host time: the event-loop thread's CPU time from here until the request is queued (receiving the
-    # body, parsing, validating, session work), and again from its result to the serialized answer. CPU
-    # time, not wall time, so a machine busy with other processes does not inflate it; while the body
-    # arrives, other requests' work at the same await points is counted too.
-    started = time.thread_time()
+    # Server-Timing reports the event-loop thread's CPU time (not wall time, so other processes on a busy
+    # machine do not inflate it): `receive` while the body is read (other requests' work at that await is
+    # counted too), and `host` from the bytes in hand until queued plus from the result to the serialized
+    # answer (parse, validate, session work, answer; nothing in between awaits).
+    receiving = time.thread_time()
     limits = runtime.limits
     check_content_type(request.headers.get("content-type"))
     check_content_length(request.headers.get("content-length"), limits.max_body_bytes)
-    params = parse_draft_body(await read_body(request, limits.max_body_bytes), limits)
+    body = await read_body(request, limits.max_body_bytes)
+    started = time.thread_time()
+    params = parse_draft_body(body, limits)
     call = runtime.speculation.prepare(params, runtime.batcher.load())
+    call.receive_ms = (started - receiving) * 1e3
     try:
         return await draft_for(call, request, runtime, started)
     except BaseException:
@@ -153,7 +156,7 @@ def draft_response(
     host_ms = (time.thread_time() - host_started) * 1e3
     response.headers["Server-Timing"] = (
         f"queue;dur={queue_ms:.3f}, prefill;dur={result.prefill_ms:.3f}, "
-        f"decode;dur={result.decode_ms:.3f}, host;dur={host_ms:.3f}"
+        f"decode;dur={result.decode_ms:.3f}, receive;dur={call.receive_ms:.3f}, host;dur={host_ms:.3f}"
     )
     return response
 

@@ -41,6 +41,7 @@ class Call:
     acceptance: Acceptance  # the estimate after this call's feedback
     num_draft_tokens: int  # what to draft; 0 = answer at once without queueing
     settled: bool = False  # finished or abandoned: a v2 call lets go of its session exactly once
+    receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
 
 
 class Speculation:

@@ -75,10 +75,10 @@ def test_draft_min_confidence_cuts_before_first_unsure_token(client, oracle):
     assert body["tokens"] == full["tokens"][:cut]
 
 
-def test_draft_server_timing_names_queue_prefill_decode_and_host(client):
+def test_draft_server_timing_names_queue_prefill_decode_receive_and_host(client):
     response = client.post("/draft", json=draft_body([1, 2, 3], 4))
     parts = dict(part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
-    assert set(parts) == {"queue", "prefill", "decode", "host"}
+    assert set(parts) == {"queue", "prefill", "decode", "receive", "host"}
     assert all(float(ms) >= 0 for ms in parts.values())
 
 

@@ -16,6 +16,7 @@ from drafter.draft_route import draft
 from drafter.errors import EXCEPTION_HANDLERS
 from drafter.request_body import FinishBodyBeforeAnswer
 from drafter.runtime import Runtime
+from drafter.session_routes import close_session
 from drafter.status_routes import info, live, metrics, ready
 
 ROUTES = [
@@ -24,6 +25,7 @@ ROUTES = [
     Route("/health/ready", ready, methods=["GET"]),
     Route("/info", info, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/sessions/{name}", close_session, methods=["DELETE"]),
 ]
 
 

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from drafter.draft_length import Load
 from drafter.engine_thread import EngineThread
 from drafter.metrics import Metrics
 from engine.requests import DraftError, DraftRequest, DraftResult
@@ -53,11 +54,13 @@ class Batcher:
         window_s: float,
         metrics: Metrics,
         on_engine_failure: Callable[[BaseException], None],
+        on_decode: Callable[[float, int], None] = lambda decode_ms, num_steps: None,
     ):
         self.engine_thread, self.draft_batch = engine_thread, draft_batch
         self.max_batch_size, self.max_queue, self.window_s = max_batch_size, max_queue, window_s
-        self.metrics, self.on_engine_failure = metrics, on_engine_failure
+        self.metrics, self.on_engine_failure, self.on_decode = metrics, on_engine_failure, on_decode
         self.waiting: deque[Pending] = deque()
+        self.running = 0  # requests in the batch on the engine now
         self.wakeup = asyncio.Event()
         self.failure: BaseException | None = None
         self.task: asyncio.Task | None = None
@@ -82,6 +85,9 @@ class Batcher:
         self.metrics.queue_depth.set(len(self.waiting))
         self.wakeup.set()
         return pending
+
+    def load(self) -> Load:
+        return Load(queue_depth=len(self.waiting), running=self.running)
 
     def withdraw(self, pending: Pending) -> bool:
         """Take a request out of the queue; False if its batch has already started."""
@@ -127,6 +133,7 @@ class Batcher:
     async def dispatch(self, batch: list[Pending]) -> None:
         for pending in batch:
             self.metrics.queue_wait_seconds.observe(pending.started - pending.arrived)
+        self.running = len(batch)
         try:
             results = await self.engine_thread.run(self.draft_batch, [p.request for p in batch])
         except DraftError as error:
@@ -146,7 +153,10 @@ class Batcher:
                 pending.future.set_exception(EngineFailed(str(error)))
             self.fail_waiting(EngineFailed(str(error)))
             return
+        finally:
+            self.running = 0
         self.record(results)
+        self.on_decode(results[0].decode_ms, max(p.request.num_draft_tokens for p in batch))
         for pending, result in zip(batch, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)

@@ -28,6 +28,15 @@ def boolean(text: str) -> bool:
     raise ValueError(f"expected one of {sorted(TRUE_WORDS | FALSE_WORDS)}")
 
 
+def draft_length(text: str) -> int | str:
+    word = text.strip().lower()
+    if word == "auto":
+        return word
+    if not word.isdigit():
+        raise ValueError("expected auto or a positive integer")
+    return int(word)
+
+
 # flag name -> (type for flag and variable, help). Every flag reads DRAFTER_<NAME> when not given.
 OPTIONS: dict[str, tuple] = {
     "model": (str, "preset name (tiny, bench-cpu) or an exported FP8 / HF Qwen3 directory [tiny]"),
@@ -50,6 +59,11 @@ OPTIONS: dict[str, tuple] = {
     "drain-timeout-s": (float, "on SIGTERM, how long in-flight requests may take to finish [30]"),
     "body-timeout-s": (float, "a /draft body still incomplete after this is refused with 408 [10]"),
     "num-threads": (int, "torch CPU threads [on CPU: cores - 1, leaving one to the HTTP side]"),
+    "default-draft-length": (draft_length, "k when a request names none: auto or N [min(16, max)]"),
+    "target-verify-ms": (float, "the target's verify pass in ms, which auto weighs drafts against [25]"),
+    "auto-max-queue": (int, "queue depth at which auto answers 0 drafts at once [max batch size]"),
+    "max-sessions": (int, "sessions held; the least recently used go first [1024]"),
+    "session-ttl-s": (float, "a session idle this long is dropped [600]"),
     "api-key": (
         str,
         "bearer token required on /draft, /info and /metrics [none: open]; prefer the variable, "

@@ -46,6 +46,11 @@ class ServerConfig:
     drain_timeout_s: float = 30.0  # on SIGTERM, how long in-flight requests may take to finish
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     body_timeout_s: float = 10.0  # a /draft body not fully received after this is refused (408)
+    default_draft_length: int | str | None = None  # k when a request names none: N or "auto" [min(16, max)]
+    target_verify_ms: float = 25.0  # the target's verify pass, the cost auto weighs drafts against
+    auto_max_queue: int | None = None  # queue depth at which auto answers 0 drafts at once [max batch size]
+    max_sessions: int = 1024  # sessions held (each up to max_seq_len int64 ids); least recently used go first
+    session_ttl_s: float = 600.0  # a session idle this long is dropped
 
     def __post_init__(self):
         if not self.model:
@@ -70,6 +75,19 @@ class ServerConfig:
             raise ServerConfigError(
                 f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
             )
+        default = self.default_draft_length
+        if default is not None and default != "auto" and not 1 <= default <= self.max_draft_tokens:
+            raise ServerConfigError(
+                f"default_draft_length must be auto or in [1, {self.max_draft_tokens}], got {default!r}"
+            )
+        if not self.target_verify_ms > 0:
+            raise ServerConfigError(f"target_verify_ms must be positive, got {self.target_verify_ms}")
+        if self.auto_max_queue is not None and self.auto_max_queue < 0:
+            raise ServerConfigError(f"auto_max_queue must be at least 0, got {self.auto_max_queue}")
+        if self.max_sessions < 1:
+            raise ServerConfigError(f"max_sessions must be at least 1, got {self.max_sessions}")
+        if not self.session_ttl_s > 0:
+            raise ServerConfigError(f"session_ttl_s must be positive, got {self.session_ttl_s}")
         if self.api_key is not None and not self.api_key.strip():
             raise ServerConfigError("api_key must not be empty (unset it to turn auth off)")
         self.engine_config()  # the engine's own checks (sizes, dtype, graphs on CUDA only) fail here too
@@ -88,8 +106,14 @@ class ServerConfig:
         )
 
     @property
-    def default_num_draft_tokens(self) -> int:
+    def default_num_draft_tokens(self) -> int | str:
+        if self.default_draft_length is not None:
+            return self.default_draft_length
         return min(DEFAULT_NUM_DRAFT_TOKENS, self.max_draft_tokens)
+
+    @property
+    def auto_zero_queue_depth(self) -> int:
+        return self.max_batch_size if self.auto_max_queue is None else self.auto_max_queue
 
     @property
     def max_body_bytes(self) -> int:

@@ -16,8 +16,8 @@ from drafter.batcher import EngineFailed, Expired, Pending, QueueFull
 from drafter.errors import ApiError, OrjsonResponse
 from drafter.request_body import BodyTimeout, BodyTooLarge, ClientGone, read_body
 from drafter.runtime import Runtime
+from drafter.speculation import Call
 from drafter.validation import (
-    DraftParams,
     check_content_length,
     check_content_type,
     parse_draft_body,
@@ -27,6 +27,9 @@ from engine.requests import DraftError, DraftRequest, DraftResult
 
 RETRY_AFTER_OVERLOADED_S = "1"
 RETRY_AFTER_NOT_READY_S = "5"
+EMPTY_RESULT = DraftResult(
+    tokens=[], probs=[], cached=0, prefilled=0, evicted=False, prefill_ms=0.0, decode_ms=0.0
+)
 
 
 async def draft(request: Request) -> OrjsonResponse:
@@ -56,6 +59,11 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
     require_auth(request, runtime.config.api_key)
     if not runtime.ready:
         raise not_ready(runtime.stage, runtime.lifecycle.reason)
+    # Server-Timing reports the event-loop thread's CPU time (not wall time, so other processes on a busy
+    # machine do not inflate it): `receive` while the body is read (other requests' work at that await is
+    # counted too), and `host` from the bytes in hand until queued plus from the result to the serialized
+    # answer (parse, validate, session work, answer; nothing in between awaits).
+    receiving = time.thread_time()
     limits = runtime.limits
     check_content_type(request.headers.get("content-type"))
     check_content_length(request.headers.get("content-length"), limits.max_body_bytes)
@@ -67,11 +75,23 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
         if runtime.draining:
             raise not_ready("draining", None) from None
         raise body_timeout(runtime.config.body_timeout_s) from None
+    started = time.thread_time()
     params = parse_draft_body(body, limits)
+    call = runtime.speculation.prepare(params, runtime.batcher.load())
+    call.receive_ms = (started - receiving) * 1e3
+    try:
+        return await draft_for(call, request, runtime, started)
+    except BaseException:
+        runtime.speculation.abandon(call)
+        raise
 
+
+async def draft_for(call: Call, request: Request, runtime: Runtime, started: float) -> OrjsonResponse:
+    if call.num_draft_tokens == 0:  # auto under load: an empty draft now beats any wait
+        return draft_response(call, runtime, EMPTY_RESULT, None, started)
     try:
         pending = runtime.batcher.submit(
-            DraftRequest(params.tokens, params.num_draft_tokens, params.session),
+            DraftRequest(call.context, call.num_draft_tokens, call.params.session),
             runtime.config.request_timeout_s,
         )
     except QueueFull:
@@ -83,12 +103,12 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
         ) from None
     except EngineFailed:
         raise not_ready("failed", runtime.lifecycle.reason) from None
+    host_s = time.thread_time() - started
     result = await wait_for_result(request, runtime, pending)
     if result is None:  # the client is gone; nobody reads this
+        runtime.speculation.abandon(call)
         return OrjsonResponse(None, status_code=499)
-    response, num_tokens = draft_response(params, result, pending)
-    runtime.metrics.draft_tokens.inc(num_tokens)
-    return response
+    return draft_response(call, runtime, result, pending, time.thread_time() - host_s)
 
 
 async def wait_for_result(request: Request, runtime: Runtime, pending: Pending) -> DraftResult | None:
@@ -117,19 +137,29 @@ async def wait_for_result(request: Request, runtime: Runtime, pending: Pending) 
         disconnected.cancel()
 
 
-def draft_response(params: DraftParams, result: DraftResult, pending: Pending) -> tuple[OrjsonResponse, int]:
+def draft_response(
+    call: Call, runtime: Runtime, result: DraftResult, pending: Pending | None, host_started: float
+) -> OrjsonResponse:
+    """The answer; `host_started` is the thread time when this call's host work began, less what it spent
+    before queueing, so `host` is the server's own per-call work: parse, validate, session work and
+    serializing the answer."""
+    params = call.params
     tokens, probs = result.tokens, result.probs
     if params.min_confidence > 0:
         keep = next((i for i, p in enumerate(probs) if p < params.min_confidence), len(probs))
         tokens, probs = tokens[:keep], probs[:keep]
-    body = {"tokens": tokens, "cached": result.cached}
+    body = {"tokens": tokens, "cached": result.cached, **runtime.speculation.finish(call, tokens)}
     if params.return_probs:
         body["probs"] = probs
-    queue_ms = (pending.started - pending.arrived) * 1e3
-    timing = (
-        f"queue;dur={queue_ms:.3f}, prefill;dur={result.prefill_ms:.3f}, decode;dur={result.decode_ms:.3f}"
+    runtime.metrics.draft_tokens.inc(len(tokens))
+    queue_ms = 0.0 if pending is None else (pending.started - pending.arrived) * 1e3
+    response = OrjsonResponse(body)  # serializes here, so the host time below includes it
+    host_ms = (time.thread_time() - host_started) * 1e3
+    response.headers["Server-Timing"] = (
+        f"queue;dur={queue_ms:.3f}, prefill;dur={result.prefill_ms:.3f}, "
+        f"decode;dur={result.decode_ms:.3f}, receive;dur={call.receive_ms:.3f}, host;dur={host_ms:.3f}"
     )
-    return OrjsonResponse(body, headers={"Server-Timing": timing}), len(tokens)
+    return response
 
 
 def not_ready(stage: str, reason: str | None) -> ApiError:

@@ -96,6 +96,26 @@ class Metrics:
             registry=registry,
         )
         self.ready = Gauge("drafter_ready", "1 when the engine is ready to draft", registry=registry)
+        # Speculation outcomes, vLLM's names under our prefix. Counted when the next call of a session
+        # shows what the target kept, so a rate over them covers exactly the drafts that were verified.
+        self.spec_drafts = Counter(
+            "drafter_spec_decode_num_drafts",
+            "Verified drafts (rounds with at least one draft)",
+            registry=registry,
+        )
+        self.spec_draft_tokens = Counter(
+            "drafter_spec_decode_num_draft_tokens", "Draft tokens in verified drafts", registry=registry
+        )
+        self.spec_accepted_tokens = Counter(
+            "drafter_spec_decode_num_accepted_tokens", "Draft tokens the target accepted", registry=registry
+        )
+        self.spec_accepted_per_pos = Counter(
+            "drafter_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens the target accepted, by position in the draft (0 = first)",
+            ["position"],
+            registry=registry,
+        )
+        self.sessions_live = Gauge("drafter_sessions_live", "Sessions the server holds", registry=registry)
 
     def watch_cache(self, engine) -> None:
         """Page gauges read the engine's tables when scraped (plain ints: no lock, no device access)."""

@@ -11,16 +11,21 @@ import asyncio
 import logging
 import time
 
+import numpy as np
 import torch
 
 from drafter.batcher import Batcher
 from drafter.config import ServerConfig
+from drafter.draft_length import DraftCost, DraftLengthPolicy
 from drafter.engine_thread import EngineThread
 from drafter.metrics import Metrics
 from drafter.request_body import BodyDeadlines
+from drafter.sessions import SessionTable
+from drafter.speculation import Speculation
 from drafter.validation import Limits
 from engine.engine import Engine
 from engine.lifecycle import Lifecycle, State
+from engine.requests import DraftRequest
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,8 @@ class Runtime:
         self.engine: Engine | None = None
         self.limits: Limits | None = None
         self.batcher: Batcher | None = None
+        self.speculation: Speculation | None = None
+        self.replays_whole_loop = False
         self.engine_thread: EngineThread | None = None
         self.draining = False
         self.in_flight = 0  # /draft requests inside a handler; SIGTERM waits for this to reach 0
@@ -76,6 +83,7 @@ class Runtime:
                     config.model,
                 )
             snapshot = await self.engine_thread.run(engine.warmup)
+            base_ms, step_ms = await self.engine_thread.run(measure_draft_cost, engine)
         except Exception as error:  # noqa: BLE001 - anything here means nothing can be served
             if self.lifecycle.state is not State.FAILED:
                 self.lifecycle.fail(f"{type(error).__name__}: {error}")
@@ -84,12 +92,25 @@ class Runtime:
             return
         self.engine = engine
         self.metrics.watch_cache(engine)
+        self.replays_whole_loop = bool(engine.info()["cuda_graphs"])
         self.limits = Limits(
             vocab_size=engine.loaded.config.vocab_size,
             max_seq_len=config.max_seq_len,
             max_draft_tokens=config.max_draft_tokens,
             default_num_draft_tokens=config.default_num_draft_tokens,
             max_body_bytes=config.max_body_bytes,
+        )
+        self.speculation = Speculation(
+            SessionTable(config.max_sessions, config.session_ttl_s, config.max_seq_len),
+            DraftLengthPolicy(
+                DraftCost(config.target_verify_ms, base_ms, step_ms),
+                config.max_draft_tokens,
+                config.max_batch_size,
+                config.auto_zero_queue_depth,
+            ),
+            self.metrics,
+            config.max_draft_tokens,
+            config.max_seq_len,
         )
         self.batcher = Batcher(
             self.engine_thread,
@@ -99,6 +120,7 @@ class Runtime:
             config.batch_window_ms / 1e3,
             self.metrics,
             self.on_engine_failure,
+            self.observe_decode,
         )
         self.batcher.start()
         log.info(
@@ -110,6 +132,11 @@ class Runtime:
             snapshot["stage_seconds"],
             snapshot["fallbacks"] or "none",
         )
+
+    def observe_decode(self, decode_ms: float, num_steps: int) -> None:
+        if self.replays_whole_loop:  # CUDA graphs run every step whatever k was asked (no tiers yet)
+            num_steps = self.config.max_draft_tokens
+        self.speculation.policy.observe(decode_ms, num_steps)
 
     def on_engine_failure(self, error: BaseException) -> None:
         # Readiness and liveness both fail from here on, so an orchestrator restarts the process.
@@ -136,3 +163,20 @@ class Runtime:
     def stop_engine_thread(self, timeout_s: float = 2.0) -> bool:
         """End the engine thread; False if it is still inside a load, warmup or batch."""
         return self.engine_thread is None or self.engine_thread.stop(timeout_s)
+
+
+def measure_draft_cost(engine: Engine, repeats: int = 5) -> tuple[float, float]:
+    """(fixed ms per draft call, ms per decode step) on this engine, from the fastest of a few drafts at
+    k = 1 and k = max over an already cached context: what auto weighs a longer draft by."""
+    max_k = engine.config.max_draft_tokens
+    length = min(32, engine.config.max_seq_len - max_k)
+    context = np.arange(length, dtype=np.int64) % engine.loaded.config.vocab_size
+    engine.draft_batch([DraftRequest(context, 1)])  # caches the context; later calls only decode
+
+    def fastest(k: int) -> float:
+        results = [engine.draft_batch([DraftRequest(context, k)])[0] for _ in range(repeats)]
+        return min(r.prefill_ms + r.decode_ms for r in results)
+
+    one, longest = fastest(1), fastest(max_k)
+    step_ms = max(longest - one, 0.0) / max(max_k - 1, 1)
+    return max(one - step_ms, 0.0), step_ms

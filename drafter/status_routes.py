@@ -35,6 +35,7 @@ async def info(request: Request) -> OrjsonResponse:
     engine_info = runtime.engine.info() if runtime.engine is not None else {"model": config.model}
     body = {
         **engine_info,
+        "protocol_versions": [1, 2],
         "stage": runtime.stage,
         "lifecycle": runtime.lifecycle.snapshot(),
         "server": {
@@ -47,6 +48,11 @@ async def info(request: Request) -> OrjsonResponse:
         },
         "versions": versions(),
     }
+    if runtime.speculation is not None:
+        speculation = runtime.speculation
+        body["sessions"] = speculation.sessions.describe()
+        body["draft_length_policy"] = speculation.policy.describe()
+        body["speculation"] = speculation.describe()
     return OrjsonResponse(body)
 
 

@@ -13,7 +13,18 @@ import orjson
 from drafter.config import MAX_SESSION_CHARS
 from drafter.errors import ApiError, invalid
 
-FIELDS = ("tokens", "num_draft_tokens", "session", "min_confidence", "return_probs")
+FIELDS = (
+    "tokens",
+    "num_draft_tokens",
+    "session",
+    "min_confidence",
+    "return_probs",
+    "prefix_len",
+    "session_token",
+    "close",
+)
+AUTO = "auto"  # num_draft_tokens: let the server pick k (drafter.draft_length)
+MAX_SESSION_TOKEN_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,17 +32,20 @@ class Limits:
     vocab_size: int
     max_seq_len: int  # context + draft
     max_draft_tokens: int
-    default_num_draft_tokens: int
+    default_num_draft_tokens: int | str  # or AUTO
     max_body_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
 class DraftParams:
-    tokens: list[int]
-    num_draft_tokens: int
+    tokens: list[int]  # v1: the whole context; v2: the tokens after the session's first prefix_len
+    num_draft_tokens: int | str  # or AUTO
     session: str | None = None
     min_confidence: float = 0.0
     return_probs: bool = False
+    prefix_len: int | None = None  # set: a v2 (incremental) call
+    session_token: str | None = None
+    close: bool = False
 
 
 def check_content_type(header: str | None) -> None:
@@ -70,35 +84,63 @@ def parse_draft_body(body: bytes, limits: Limits) -> DraftParams:
     if any(key not in FIELDS for key in data):
         raise invalid(f"unknown field; allowed fields: {', '.join(FIELDS)}")
     # JSON null means "not given" for every optional field, as most JSON APIs treat it.
-    k = data.get("num_draft_tokens")
-    if k is None:
-        k = limits.default_num_draft_tokens
-    elif not is_int(k) or not 1 <= k <= limits.max_draft_tokens:
-        raise invalid(
-            f"num_draft_tokens must be an integer in [1, {limits.max_draft_tokens}]", "num_draft_tokens"
-        )
+    k = parse_num_draft_tokens(data.get("num_draft_tokens"), limits)
+    session = parse_session(data.get("session"))
+    session_token = parse_session_token(data.get("session_token"))
+    prefix_len = parse_prefix_len(data.get("prefix_len"), session, session_token, limits)
     return DraftParams(
-        tokens=parse_tokens(data.get("tokens"), k, limits),
+        tokens=parse_tokens(data.get("tokens"), prefix_len, 1 if k == AUTO else k, limits),
         num_draft_tokens=k,
-        session=parse_session(data.get("session")),
+        session=session,
         min_confidence=parse_min_confidence(data.get("min_confidence")),
-        return_probs=parse_return_probs(data.get("return_probs")),
+        return_probs=parse_flag(data.get("return_probs"), "return_probs"),
+        prefix_len=prefix_len,
+        session_token=session_token,
+        close=parse_flag(data.get("close"), "close"),
     )
 
 
-def parse_tokens(tokens, num_draft_tokens: int, limits: Limits) -> list[int]:
+def parse_num_draft_tokens(k, limits: Limits) -> int | str:
+    if k is None:
+        return limits.default_num_draft_tokens
+    if k == AUTO or (is_int(k) and 1 <= k <= limits.max_draft_tokens):
+        return k
+    raise invalid(
+        f'num_draft_tokens must be an integer in [1, {limits.max_draft_tokens}] or "auto"', "num_draft_tokens"
+    )
+
+
+def parse_prefix_len(
+    prefix_len, session: str | None, session_token: str | None, limits: Limits
+) -> int | None:
+    """A v2 call: how many tokens of the session's sequence its context starts with."""
+    if prefix_len is None:
+        return None
+    if not is_int(prefix_len) or not 0 <= prefix_len <= limits.max_seq_len:
+        raise invalid(f"prefix_len must be an integer in [0, {limits.max_seq_len}]", "prefix_len")
+    if session is None or session_token is None:
+        raise invalid(
+            "prefix_len needs session and session_token (from the answer to a full-context call)", "session"
+        )
+    return prefix_len
+
+
+def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: Limits) -> list[int]:
     if tokens is None:
         raise invalid("tokens is required: the whole context as a list of token ids", "tokens")
     if not isinstance(tokens, list):
         raise invalid("tokens must be a list of integers", "tokens")
-    if not tokens:
-        raise invalid("tokens must not be empty", "tokens")
-    if len(tokens) + num_draft_tokens > limits.max_seq_len:
+    if not tokens and not prefix_len:  # an incremental call may add nothing to a non-empty prefix
+        raise invalid("tokens must not be empty (unless prefix_len is at least 1)", "tokens")
+    context_len = len(tokens) + (prefix_len or 0)
+    if context_len + num_draft_tokens > limits.max_seq_len:
         raise invalid(
-            f"len(tokens) + num_draft_tokens must be at most {limits.max_seq_len} (the max context), "
-            f"got {len(tokens)} + {num_draft_tokens}",
+            f"prefix_len + len(tokens) + num_draft_tokens must be at most {limits.max_seq_len} "
+            f"(the max context), got {context_len} + {num_draft_tokens}",
             "tokens",
         )
+    if not tokens:
+        return tokens
     if set(map(type, tokens)) != {int}:  # one C-level pass; refuses bool, float, str, null alike
         raise invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
     if min(tokens) < 0 or max(tokens) >= limits.vocab_size:
@@ -122,9 +164,19 @@ def parse_min_confidence(value) -> float:
     return float(value)
 
 
-def parse_return_probs(value) -> bool:
+def parse_session_token(token) -> str | None:
+    if token is None:
+        return None
+    if not isinstance(token, str) or not 0 < len(token) <= MAX_SESSION_TOKEN_CHARS:
+        raise invalid(
+            f"session_token must be a string of 1 to {MAX_SESSION_TOKEN_CHARS} characters", "session_token"
+        )
+    return token
+
+
+def parse_flag(value, name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise invalid("return_probs must be true or false", "return_probs")
+        raise invalid(f"{name} must be true or false", name)
     return value

@@ -44,7 +44,8 @@ def test_draft_equals_engine_draft(client, oracle):
         [expected] = oracle.draft_batch([DraftRequest(tokens, k)])
         assert body["tokens"] == expected.tokens
         assert body["probs"] == pytest.approx(expected.probs, abs=1e-4)
-        assert set(body) == {"tokens", "probs", "cached"}
+        assert set(body) == {"tokens", "probs", "cached", "num_draft_tokens"}
+        assert body["num_draft_tokens"] == k
 
 
 def test_draft_defaults_to_16_tokens_without_probs(client, oracle):
@@ -74,10 +75,10 @@ def test_draft_min_confidence_cuts_before_first_unsure_token(client, oracle):
     assert body["tokens"] == full["tokens"][:cut]
 
 
-def test_draft_server_timing_names_queue_prefill_decode(client):
+def test_draft_server_timing_names_queue_prefill_decode_receive_and_host(client):
     response = client.post("/draft", json=draft_body([1, 2, 3], 4))
     parts = dict(part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
-    assert set(parts) == {"queue", "prefill", "decode"}
+    assert set(parts) == {"queue", "prefill", "decode", "receive", "host"}
     assert all(float(ms) >= 0 for ms in parts.values())
 
 

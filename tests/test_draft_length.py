@@ -1,0 +1,123 @@
+"""The auto draft-length policy: long drafts for high acceptance, short for low, quick to follow a change,
+shorter under load and none past the queue threshold."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from drafter.draft_length import Acceptance, DraftCost, DraftLengthConfigError, DraftLengthPolicy, Load
+
+MAX_K = 16
+IDLE = Load(queue_depth=0, running=0)
+# A GPU-like ratio: one verify pass of the target costs as much as ~25 draft steps.
+COST = DraftCost(target_verify_ms=25.0, draft_base_ms=1.0, step_ms=1.0)
+
+
+def policy(max_queue_depth: int = 8) -> DraftLengthPolicy:
+    return DraftLengthPolicy(COST, MAX_K, max_batch_size=8, max_queue_depth=max_queue_depth)
+
+
+def scripted_round(rng: random.Random, p: float, k: int) -> int:
+    """A target that accepts each draft with probability p, stopping at the first rejection."""
+    accepted = 0
+    while accepted < k and rng.random() < p:
+        accepted += 1
+    return accepted
+
+
+def run_rounds(acceptance: Acceptance, p: float, rounds: int, seed: int = 0) -> tuple[Acceptance, list]:
+    rng, chosen = random.Random(seed), []
+    for _ in range(rounds):
+        k = policy().choose(acceptance, IDLE, room=1000)
+        chosen.append(k)
+        acceptance = acceptance.updated(k, scripted_round(rng, p, k))
+    return acceptance, chosen
+
+
+def test_draft_length_is_long_for_high_and_short_for_low_acceptance():
+    _, high = run_rounds(Acceptance(), 0.9, 60)
+    _, low = run_rounds(Acceptance(), 0.3, 60)
+    assert np.mean(high[-20:]) >= 10, high
+    assert np.mean(low[-20:]) <= 3, low
+
+
+def test_draft_length_follows_a_change_within_a_few_rounds():
+    estimate, _ = run_rounds(Acceptance(), 0.9, 40, seed=1)
+    _, after_drop = run_rounds(estimate, 0.2, 8, seed=2)
+    assert after_drop[-1] <= 3, after_drop
+    estimate, _ = run_rounds(Acceptance(), 0.2, 40, seed=3)
+    _, after_rise = run_rounds(estimate, 0.95, 10, seed=4)
+    assert after_rise[-1] >= 8, after_rise
+
+
+def test_draft_length_maximizes_tokens_per_ms_of_the_round():
+    acceptance = Acceptance(accepted=6, rejected=4)
+    k = policy().choose(acceptance, IDLE, room=1000)
+    expected = np.cumsum(np.full(MAX_K, 0.6).cumprod())
+    rates = [(1 + expected[j - 1]) / (25.0 + 1.0 + j * 1.0) for j in range(1, MAX_K + 1)]
+    assert k == 1 + int(np.argmax(rates))
+
+
+def test_draft_length_shrinks_with_load_and_is_zero_past_the_queue_threshold():
+    estimate = Acceptance(accepted=8, rejected=2)
+    ks = [
+        policy().choose(estimate, Load(queue_depth=q, running=r), room=1000)
+        for q, r in [(0, 0), (0, 8), (7, 8)]
+    ]
+    assert ks[0] > ks[1] > ks[2] >= 1, ks
+    assert policy().choose(estimate, Load(queue_depth=8, running=0), room=1000) == 0
+    assert policy(max_queue_depth=0).choose(estimate, IDLE, room=1000) == 0
+
+
+def test_draft_length_never_exceeds_the_room_left_and_is_one_at_worst_acceptance():
+    sure, hopeless = Acceptance(accepted=99, rejected=1), Acceptance(accepted=0, rejected=5)
+    assert policy().choose(sure, IDLE, room=3) == 3
+    assert policy().choose(sure, IDLE, room=0) == 0
+    assert policy().choose(hopeless, IDLE, room=1000) == 1
+
+
+def test_acceptance_learns_from_accepted_drafts_and_rejections():
+    start = Acceptance(accepted=1, rejected=1)
+    assert start.updated(num_drafted=4, num_accepted=4).p > start.p  # all kept: no rejection seen
+    assert start.updated(num_drafted=4, num_accepted=0).p < start.p
+    assert start.updated(num_drafted=0, num_accepted=0) is start
+    # the censored-geometric estimate: 3 accepted before 1 rejection is p = 3/4, whatever k was
+    assert Acceptance(accepted=0, rejected=0.0001).updated(8, 3).p == pytest.approx(0.75, abs=1e-3)
+
+
+def test_draft_cost_and_policy_refuse_impossible_settings():
+    with pytest.raises(DraftLengthConfigError, match="target_verify_ms"):
+        DraftCost(target_verify_ms=0, draft_base_ms=1, step_ms=1)
+    with pytest.raises(DraftLengthConfigError, match="queue"):
+        DraftLengthPolicy(COST, MAX_K, 8, max_queue_depth=-1)
+
+
+def test_default_draft_length_flag_and_variable_take_auto_or_a_count():
+    from drafter.cli import UsageError, config_from_args
+    from drafter.config import ServerConfigError
+
+    assert (
+        config_from_args(["--device=cpu", "--default-draft-length=auto"], {}).default_num_draft_tokens
+        == "auto"
+    )
+    config = config_from_args(["--device=cpu"], {"DRAFTER_DEFAULT_DRAFT_LENGTH": "5"})
+    assert config.default_num_draft_tokens == 5 and config.auto_zero_queue_depth == config.max_batch_size
+    assert config_from_args(["--device=cpu"], {}).default_num_draft_tokens == 16
+    with pytest.raises(UsageError, match="DRAFTER_DEFAULT_DRAFT_LENGTH"):
+        config_from_args(["--device=cpu"], {"DRAFTER_DEFAULT_DRAFT_LENGTH": "always"})
+    with pytest.raises(ServerConfigError, match="default_draft_length"):
+        config_from_args(["--device=cpu", "--default-draft-length=17"], {})
+    with pytest.raises(ServerConfigError, match="target_verify_ms"):
+        config_from_args(["--device=cpu", "--target-verify-ms=0"], {})
+
+
+def test_step_cost_follows_what_batches_measure():
+    measured = policy()
+    for _ in range(200):
+        measured.observe(decode_ms=40.0, num_steps=8)  # 5 ms a step, not the 1 ms measured at startup
+    assert measured.step_ms == pytest.approx(5.0, rel=0.01)
+    estimate = Acceptance(accepted=8, rejected=2)
+    assert measured.choose(estimate, IDLE, room=1000) < policy().choose(estimate, IDLE, room=1000)

@@ -97,7 +97,6 @@ def test_draft_cost_and_policy_refuse_impossible_settings():
 
 def test_default_draft_length_flag_and_variable_take_auto_or_a_count():
     from drafter.cli import UsageError, config_from_args
-    from drafter.config import ServerConfigError
 
     assert (
         config_from_args(["--device=cpu", "--default-draft-length=auto"], {}).default_num_draft_tokens
@@ -108,9 +107,9 @@ def test_default_draft_length_flag_and_variable_take_auto_or_a_count():
     assert config_from_args(["--device=cpu"], {}).default_num_draft_tokens == 16
     with pytest.raises(UsageError, match="DRAFTER_DEFAULT_DRAFT_LENGTH"):
         config_from_args(["--device=cpu"], {"DRAFTER_DEFAULT_DRAFT_LENGTH": "always"})
-    with pytest.raises(ServerConfigError, match="default_draft_length"):
+    with pytest.raises(UsageError, match="--default-draft-length must be auto or in"):
         config_from_args(["--device=cpu", "--default-draft-length=17"], {})
-    with pytest.raises(ServerConfigError, match="target_verify_ms"):
+    with pytest.raises(UsageError, match="--target-verify-ms"):
         config_from_args(["--device=cpu", "--target-verify-ms=0"], {})
 
 

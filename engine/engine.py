@@ -26,6 +26,7 @@ from engine.lifecycle import Lifecycle, State
 from engine.loader import LoadedModel, load_model
 from engine.model import rope_table
 from engine.prefill import PrefillRow, contiguous, prefill
+from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
 from engine.tiers import decode_steps
 
@@ -66,6 +67,7 @@ class Engine:
         self.static_shapes = False  # compiled or captured: every loop runs in a padded batch bucket
         self.eager_buffers: dict[int, DecodeBuffers] = {}
         self.stats = EngineStats()
+        self.recompiles = RecompileGuard()
 
     @classmethod
     def load(cls, source: str, config: EngineConfig, lifecycle: Lifecycle | None = None) -> Engine:
@@ -87,6 +89,8 @@ class Engine:
                 with self.lifecycle.stage(State.CAPTURING):
                     self.capture_cuda_graphs()
             self.run_warmup_draft()
+            if self.static_shapes:
+                self.recompiles.arm()  # every shape has run once: any compile from now on is a miss
         except Exception as error:  # noqa: BLE001 - anything here leaves the engine unusable
             self.lifecycle.fail(f"warmup failed: {type(error).__name__}: {error}")
             raise
@@ -321,4 +325,5 @@ class Engine:
             "kv_buckets": list(self.spans),
             "draft_length_tiers": list(cfg.tiers) if self.graphs is not None else None,
             "kv_cache": self.cache_info(),
+            "recompiles_after_warmup": self.recompiles.count,
         }

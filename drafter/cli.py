@@ -35,7 +35,10 @@ def int_tuple(text: str) -> tuple[int, ...]:
 
 # flag name -> (type for flag and variable, help). Every flag reads DRAFTER_<NAME> when not given.
 OPTIONS: dict[str, tuple] = {
-    "model": (str, "preset name (tiny, bench-cpu) or an exported FP8 / HF Qwen3 directory [tiny]"),
+    "model": (
+        str,
+        "preset name (tiny, bench-cpu, qwen3-0.6b-random) or an exported FP8 / HF Qwen3 directory [tiny]",
+    ),
     "host": (str, "address to bind [127.0.0.1]"),
     "port": (int, "port to bind; 0 picks a free one [8000]"),
     "device": (str, "cpu or cuda [cuda if available]"),

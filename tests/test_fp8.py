@@ -39,6 +39,15 @@ def test_fp8_weight_only_matches_dequantized_matmul(dtype):
     torch.testing.assert_close(linear(x), expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_weight_only_multiply_reduce_is_the_matmuls_product(dtype):
+    """What compiled CUDA decode steps run (engine/fp8.py): the same product, only summed in another order."""
+    linear, _ = make_linear(FP8Linear)
+    x = torch.randn(2, 3, 64, dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(linear.multiply_reduce(x), linear(x), rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("shape", [(64, 48), (200, 24)])  # odd sizes too: CPU _scaled_mm takes them
 def test_fp8_dynamic_matches_emulated_scaled_mm(shape):
     linear, weight = make_linear(FP8DynamicLinear, *shape)

@@ -41,6 +41,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"config.json: {name} must be a positive integer, got {value!r}")
+        if self.vocab_size > 2**24:  # the engine reads drafts back with their probabilities, as float32
+            raise ConfigError(f"config.json: vocab_size {self.vocab_size} is above 2**24, not supported")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple of "

@@ -230,8 +230,15 @@ class Engine:
         if not self.static_shapes and not self.flex_pages and len(requests) == 1:
             view = contiguous(page_tables[0], kv_len, cfg.page_size)
         self.run_decode(buffers, num_steps, kv_len, view)
-        drafts = buffers.out_tokens[: len(requests), :num_steps].tolist()  # the one host sync of the loop
-        probs = buffers.out_probs[: len(requests), :num_steps].tolist()
+        # One readback (the loop's one host sync) of tokens and probabilities together: token ids < 2**24
+        # are exact in float32.
+        rows = slice(0, len(requests))
+        both = torch.cat(
+            (buffers.out_tokens[rows, :num_steps].float(), buffers.out_probs[rows, :num_steps]), 1
+        )
+        both = both.cpu()
+        drafts = both[:, :num_steps].long().tolist()
+        probs = both[:, num_steps:].tolist()
         decoded = time.perf_counter()
 
         results = []

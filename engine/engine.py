@@ -232,9 +232,9 @@ class Engine:
         self.run_decode(buffers, num_steps, kv_len, view)
         # One readback (the loop's one host sync) of tokens and probabilities together: token ids < 2**24
         # are exact in float32.
-        rows = slice(0, len(requests))
+        real = slice(0, len(requests))  # rows past it are the bucket's padding
         both = torch.cat(
-            (buffers.out_tokens[rows, :num_steps].float(), buffers.out_probs[rows, :num_steps]), 1
+            (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps]), 1
         )
         both = both.cpu()
         drafts = both[:, :num_steps].long().tolist()

@@ -36,10 +36,15 @@ def run_lockstep(
     return latencies
 
 
-def engine_round(engine, tag: str) -> DraftRound:
+def engine_round(engine, tag: str, on_results: Callable | None = None) -> DraftRound:
+    """One `draft_batch` per round; `on_results` sees each round's DraftResults (their timings)."""
+
     def draft_round(contexts: list[list[int]], k: int) -> list[list[int]]:
         requests = [DraftRequest(c, k, f"{tag}-{i}") for i, c in enumerate(contexts)]
-        return [result.tokens for result in engine.draft_batch(requests)]
+        results = engine.draft_batch(requests)
+        if on_results is not None:
+            on_results(results)
+        return [result.tokens for result in results]
 
     return draft_round
 

@@ -37,9 +37,17 @@ def draft_length(text: str) -> int | str:
     return int(word)
 
 
+def int_tuple(text: str) -> tuple[int, ...]:
+    """Comma-separated integers, e.g. `4,8,16`."""
+    return tuple(int(part) for part in text.split(","))
+
+
 # flag name -> (type for flag and variable, help). Every flag reads DRAFTER_<NAME> when not given.
 OPTIONS: dict[str, tuple] = {
-    "model": (str, "preset name (tiny, bench-cpu) or an exported FP8 / HF Qwen3 directory [tiny]"),
+    "model": (
+        str,
+        "preset name (tiny, bench-cpu, qwen3-0.6b-random) or an exported FP8 / HF Qwen3 directory [tiny]",
+    ),
     "host": (str, "address to bind [127.0.0.1]"),
     "port": (int, "port to bind; 0 picks a free one [8000]"),
     "uds": (str, "also listen on this Unix socket path, for a target on the same host [off]"),
@@ -53,6 +61,11 @@ OPTIONS: dict[str, tuple] = {
     ),
     "attention": (str, "sdpa or flex: how decode attention reads the pages [flex on CUDA, sdpa on CPU]"),
     "max-draft-tokens": (int, "largest num_draft_tokens accepted [16]"),
+    "draft-length-tiers": (
+        int_tuple,
+        "comma-separated k a CUDA graph is captured for; a call runs the smallest tier >= its k, "
+        "max-draft-tokens is always one [4,8,16]",
+    ),
     "max-queue": (int, "requests that may wait for the engine; beyond it, 429 [128]"),
     "batch-window-ms": (float, "how long an idle engine waits to batch a request with others [0.2]"),
     "request-timeout-s": (float, "a request still queued after this is dropped with 504 [1.0]"),
@@ -126,6 +139,7 @@ def read_settings(argv: Sequence[str], environ: Mapping[str, str]) -> dict:
 EXPECTED = {
     int: "an integer",
     float: "a number",
+    int_tuple: "comma-separated integers, e.g. 4,8,16",
     boolean: f"one of {', '.join(sorted(TRUE_WORDS | FALSE_WORDS))}",
 }
 

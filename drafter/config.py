@@ -36,6 +36,7 @@ class ServerConfig:
     kv_cache_gb: float | None = None  # None: the engine's default for the device
     attention: str = "sdpa"
     max_draft_tokens: int = 16
+    draft_length_tiers: tuple[int, ...] = (4, 8, 16)  # graphs per tier (engine/tiers.py)
     max_queue: int = 128  # requests waiting for the engine; beyond it, 429 at once
     batch_window_ms: float = 0.2  # how long an idle engine waits for a first request's companions
     request_timeout_s: float = 1.0  # a request still queued after this is dropped (504), never drafted
@@ -101,6 +102,7 @@ class ServerConfig:
             attention=self.attention,
             max_batch_size=self.max_batch_size,
             max_draft_tokens=self.max_draft_tokens,
+            draft_length_tiers=self.draft_length_tiers,
             compile=self.compile,
             cuda_graphs=self.cuda_graphs,
         )

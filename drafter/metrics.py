@@ -12,6 +12,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Sub-millisecond to seconds: a GPU draft is ~1-5 ms, a CPU one or a long prefill much more.
@@ -19,6 +20,17 @@ SECONDS_BUCKETS = (
     0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+
+
+class RecompileCollector:
+    """`drafter_recompiles_total`: torch.compile recompiles after warmup (engine/recompiles.py); must stay 0."""
+
+    def __init__(self, guard):
+        self.guard = guard
+
+    def collect(self):
+        help_text = "torch.compile recompiles after warmup (each one stalls the engine; should stay 0)"
+        yield CounterMetricFamily("drafter_recompiles", help_text, value=self.guard.count)
 
 
 class Metrics:
@@ -124,6 +136,7 @@ class Metrics:
         self.kv_pages.labels("idle").set_function(lambda: len(table.index.idle))
         self.kv_pages.labels("free").set_function(lambda: table.allocator.num_free)
         self.kv_evicted_sequences.set_function(lambda: table.counters.evicted_sequences)
+        self.registry.register(RecompileCollector(engine.recompiles))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

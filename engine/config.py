@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from engine.tiers import draft_tiers
+
 
 class ConfigError(ValueError):
     """A config that cannot describe a Qwen3 model or a servable engine."""
@@ -39,6 +41,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"config.json: {name} must be a positive integer, got {value!r}")
+        if self.vocab_size > 2**24:  # the engine reads drafts back with their probabilities, as float32
+            raise ConfigError(f"config.json: vocab_size {self.vocab_size} is above 2**24, not supported")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -119,6 +123,8 @@ class EngineConfig:
     page_size: int = 64
     kv_cache_gb: float | None = None  # the pool's budget; None: DEFAULT_KV_CACHE_GB of the device type
     kv_cache_tokens: int | None = None  # or the budget in positions (tests); overrides kv_cache_gb
+    # CUDA graphs are captured per draft-length tier (engine/tiers.py); max_draft_tokens is always one.
+    draft_length_tiers: tuple[int, ...] = (4, 8, 16)
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -139,6 +145,9 @@ class EngineConfig:
             raise ConfigError(f"page_size must be a positive multiple of 16, got {self.page_size!r}")
         if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
             raise ConfigError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
+        tiers = self.draft_length_tiers
+        if not tiers or any(not isinstance(t, int) or isinstance(t, bool) or t < 1 for t in tiers):
+            raise ConfigError(f"draft_length_tiers must be positive integers, got {tiers!r}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
             raise ConfigError(f"kv_cache_tokens must be positive, got {self.kv_cache_tokens!r}")
 
@@ -149,9 +158,15 @@ class EngineConfig:
         return tuple(kept)
 
     @property
+    def tiers(self) -> tuple[int, ...]:
+        """Draft lengths a captured loop is built for: the configured tiers up to max_draft_tokens, plus it."""
+        return draft_tiers(self.draft_length_tiers, self.max_draft_tokens)
+
+    @property
     def cache_len(self) -> int:
-        """Positions one sequence may hold: a decode loop may run max_draft_tokens steps, so the last request
-        that fits max_seq_len may write up to max_draft_tokens positions past it (results discarded)."""
+        """Positions one sequence may hold: a loop may run a tier (<= max_draft_tokens) plus one step, so the
+        last request that fits max_seq_len may write up to max_draft_tokens positions past it (results
+        discarded)."""
         return self.max_seq_len + self.max_draft_tokens
 
     @property

@@ -26,7 +26,9 @@ from engine.lifecycle import Lifecycle, State
 from engine.loader import LoadedModel, load_model
 from engine.model import rope_table
 from engine.prefill import PrefillRow, contiguous, prefill
+from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
+from engine.tiers import decode_steps
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class Engine:
         self.reset_cache()
         self.rope = tuple(t.to(self.device) for t in rope_table(model_config, config.cache_len))
         self.buffers = {
-            b: DecodeBuffers(b, config.max_draft_tokens, config.max_pages_per_seq, self.device)
+            b: DecodeBuffers(b, config.max_draft_tokens + 1, config.max_pages_per_seq, self.device)
             for b in config.buckets
         }
         self.step = functools.partial(greedy_step, self.model, config.attention, config.page_size)
@@ -65,6 +67,7 @@ class Engine:
         self.static_shapes = False  # compiled or captured: every loop runs in a padded batch bucket
         self.eager_buffers: dict[int, DecodeBuffers] = {}
         self.stats = EngineStats()
+        self.recompiles = RecompileGuard()
 
     @classmethod
     def load(cls, source: str, config: EngineConfig, lifecycle: Lifecycle | None = None) -> Engine:
@@ -86,6 +89,8 @@ class Engine:
                 with self.lifecycle.stage(State.CAPTURING):
                     self.capture_cuda_graphs()
             self.run_warmup_draft()
+            if self.static_shapes:
+                self.recompiles.arm()  # every shape has run once: any compile from now on is a miss
         except Exception as error:  # noqa: BLE001 - anything here leaves the engine unusable
             self.lifecycle.fail(f"warmup failed: {type(error).__name__}: {error}")
             raise
@@ -121,7 +126,7 @@ class Engine:
                 self.step,
                 self.buffers,
                 self.spans,
-                self.config.max_draft_tokens,
+                [decode_steps(tier, None, ahead=True) for tier in self.config.tiers],
                 self.rope,
                 self.pool.tensors,
                 self.flex_pages,
@@ -133,9 +138,10 @@ class Engine:
         self.lifecycle.captured = {
             "batch_buckets": sorted(self.buffers),
             "kv_buckets": list(self.spans),
-            "num_draft_tokens": self.config.max_draft_tokens,
+            "draft_length_tiers": list(self.config.tiers),
             "num_graphs": len(graphs.graphs),
             "memory_bytes": graphs.memory_bytes,
+            "capture_seconds": graphs.capture_seconds,
         }
 
     def reset_buffers(self, buffers: DecodeBuffers) -> None:
@@ -155,7 +161,8 @@ class Engine:
         )
         bucket = self.buffers[self.config.buckets[0]]
         self.reset_buffers(bucket)
-        self.run_decode(bucket, self.config.max_draft_tokens, self.kv_span(self.config.max_draft_tokens))
+        steps = self.decode_steps(self.config.max_draft_tokens)
+        self.run_decode(bucket, steps, self.kv_span(steps))
 
     def reset_cache(self) -> None:
         """Forget every cached conversation (the pool's contents are simply no longer referenced)."""
@@ -175,6 +182,12 @@ class Engine:
         spans = self.config.kv_buckets
         return spans[bisect.bisect_left(spans, num_positions)]
 
+    def decode_steps(self, num_draft_tokens: int) -> int:
+        """Steps of the loop for a batch whose largest k is `num_draft_tokens` (engine/tiers.py): a captured
+        tier on graphs, one step ahead on every static-shape path, exact k eagerly."""
+        tiers = self.config.tiers if self.graphs is not None else None
+        return decode_steps(num_draft_tokens, tiers, ahead=self.static_shapes)
+
     def draft(self, tokens, num_draft_tokens: int, session: str | None = None) -> list[int]:
         return self.draft_batch([DraftRequest(tokens, num_draft_tokens, session)])[0].tokens
 
@@ -186,8 +199,7 @@ class Engine:
             raise DraftError(f"a batch holds 1 to {cfg.max_batch_size} requests, got {len(requests)}")
         vocab = self.loaded.config.vocab_size
         contexts = [as_token_array(r, vocab, cfg.max_seq_len, cfg.max_draft_tokens) for r in requests]
-        # Graphs always run max_draft_tokens steps; eager runs only as many as the batch asks for.
-        num_steps = cfg.max_draft_tokens if self.graphs else max(r.num_draft_tokens for r in requests)
+        num_steps = self.decode_steps(max(r.num_draft_tokens for r in requests))
         try:
             placements = self.table.place(
                 [(c, r.session, len(c) - 1 + num_steps) for c, r in zip(contexts, requests, strict=True)]
@@ -204,15 +216,10 @@ class Engine:
             PrefillRow(p.sequence.pages, c[p.reuse : len(c) - 1], p.reuse)
             for p, c in zip(placements, contexts, strict=True)
         ]
-        prefill(
-            self.model,
-            [row for row in rows if len(row.tokens)],
-            cfg.prefill_chunk,
-            cfg.page_size,
-            self.rope,
-            self.pool.tensors,
-        )
-        self.sync()
+        rows = [row for row in rows if len(row.tokens)]
+        if rows:  # a growing conversation decoding ahead has nothing to prefill: no forward, no sync
+            prefill(self.model, rows, cfg.prefill_chunk, cfg.page_size, self.rope, self.pool.tensors)
+            self.sync()  # so prefill_ms is the prefill's own time
         prefilled = time.perf_counter()
 
         page_tables = [p.sequence.pages for p in placements]
@@ -223,8 +230,15 @@ class Engine:
         if not self.static_shapes and not self.flex_pages and len(requests) == 1:
             view = contiguous(page_tables[0], kv_len, cfg.page_size)
         self.run_decode(buffers, num_steps, kv_len, view)
-        drafts = buffers.out_tokens[: len(requests), :num_steps].tolist()  # the one host sync of the loop
-        probs = buffers.out_probs[: len(requests), :num_steps].tolist()
+        # One readback (the loop's one host sync) of tokens and probabilities together: token ids < 2**24
+        # are exact in float32.
+        real = slice(0, len(requests))  # rows past it are the bucket's padding
+        both = torch.cat(
+            (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps]), 1
+        )
+        both = both.cpu()
+        drafts = both[:, :num_steps].long().tolist()
+        probs = both[:, num_steps:].tolist()
         decoded = time.perf_counter()
 
         results = []
@@ -255,13 +269,13 @@ class Engine:
             return self.buffers[self.config.buckets[bisect.bisect_left(self.config.buckets, batch)]]
         if batch not in self.eager_buffers:
             self.eager_buffers[batch] = DecodeBuffers(
-                batch, self.config.max_draft_tokens, self.config.max_pages_per_seq, self.device
+                batch, self.config.max_draft_tokens + 1, self.config.max_pages_per_seq, self.device
             )
         return self.eager_buffers[batch]
 
     def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, view=None) -> None:
         if self.graphs is not None:
-            self.graphs.replay(buffers.bucket, kv_len)
+            self.graphs.replay(buffers.bucket, kv_len, num_steps)
         else:
             run_loop(
                 self.step, buffers, num_steps, kv_len, self.rope, self.pool.tensors, view, self.flex_pages
@@ -316,5 +330,7 @@ class Engine:
             "attention": cfg.attention,
             "batch_buckets": list(cfg.buckets),
             "kv_buckets": list(self.spans),
+            "draft_length_tiers": list(cfg.tiers) if self.graphs is not None else None,
             "kv_cache": self.cache_info(),
+            "recompiles_after_warmup": self.recompiles.count,
         }

@@ -2,7 +2,8 @@
 
 `tiny` is the embedded default the server serves out of the box; `bench-cpu` keeps Qwen3-0.6B's real
 vocabulary (whose tied embedding is most of the bytes a decode step reads) with a body small enough for a
-CPU. Weights are drawn from a fixed seed with a wide spread, so greedy drafts vary instead of repeating one
+CPU; `qwen3-0.6b-random` is Qwen3-0.6B's exact shape (0.6 B parameters, 1.2 GB in bf16), so a device with no
+network measures the real model's costs (export it to FP8 like a real checkpoint; never built in CPU tests). Weights are drawn from a fixed seed with a wide spread, so greedy drafts vary instead of repeating one
 token. They are random: the drafts mean nothing, only their equality with transformers' does.
 """
 
@@ -37,6 +38,17 @@ PRESETS: dict[str, ModelConfig] = {
         intermediate_size=1536,
         max_position_embeddings=40960,
     ),
+    # Qwen3-0.6B's config.json, field for field (vocab, 28 layers, 16 query / 8 KV heads of 128, tied).
+    "qwen3-0.6b-random": ModelConfig(
+        vocab_size=151936,
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        max_position_embeddings=40960,
+    ),
 }
 PRESET_SEED = 0
 PRESET_STD = 0.25
@@ -47,12 +59,14 @@ def is_preset(source: str) -> bool:
 
 
 def preset_state_dict(name: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """HF-named weights of a preset, the same on every machine."""
+    """HF-named weights of a preset, the same on every machine (drawn on the CPU from one seed: 0.6 B
+    normal draws take seconds there, so the device needs no generator of its own)."""
     config = PRESETS[name]
     generator = torch.Generator().manual_seed(PRESET_SEED)
 
     def normal(*shape):
-        return (torch.randn(*shape, generator=generator) * PRESET_STD).to(dtype)
+        # Drawn in fp32 and scaled in place: one transient fp32 tensor at a time, never the whole model.
+        return torch.randn(*shape, generator=generator).mul_(PRESET_STD).to(dtype)
 
     def ones(dim):
         return torch.ones(dim, dtype=dtype)

@@ -69,7 +69,9 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m export", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "source", metavar="SRC", help="Qwen3 directory, hub id (owner/name), or preset (tiny)"
+        "source",
+        metavar="SRC",
+        help="Qwen3 directory, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
     )
     parser.add_argument("destination", metavar="DST", help="directory to create")
     parser.add_argument("--mode", default="weight-only", help="weight-only (default) or dynamic")

@@ -33,6 +33,7 @@ def test_compiled_step_equals_eager_and_transformers_without_recompiles(hf_check
             assert compiled.draft(a, 16) == eager.draft(a, 16) == hf_greedy(model, a, 16)
             pair = compiled.draft_batch([DraftRequest(a, 3), DraftRequest(b, 16)])
             assert [r.tokens for r in pair] == [eager.draft(a, 3), eager.draft(b, 16)]
+        assert compiled.recompiles.count == 0
     finally:
         torch._dynamo.config.error_on_recompile = False
 

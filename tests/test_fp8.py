@@ -12,7 +12,7 @@ from engine.fp8 import (
     FP8DynamicLinear,
     FP8Linear,
     quantization_from_config,
-    quantize_per_tensor,
+    quantize_per_row,
     swap_fp8_linears,
 )
 from engine.loader import LoadError
@@ -39,11 +39,20 @@ def test_fp8_weight_only_matches_dequantized_matmul(dtype):
     torch.testing.assert_close(linear(x), expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_weight_only_multiply_reduce_is_the_matmuls_product(dtype):
+    """What compiled CUDA decode steps run (engine/fp8.py): the same product, only summed in another order."""
+    linear, _ = make_linear(FP8Linear)
+    x = torch.randn(2, 3, 64, dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(linear.multiply_reduce(x), linear(x), rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("shape", [(64, 48), (200, 24)])  # odd sizes too: CPU _scaled_mm takes them
 def test_fp8_dynamic_matches_emulated_scaled_mm(shape):
     linear, weight = make_linear(FP8DynamicLinear, *shape)
     x = torch.randn(5, shape[0])
-    x_q, x_scale = quantize_per_tensor(x)
+    x_q, x_scale = quantize_per_row(x)
     emulated = (x_q.float() * x_scale) @ (linear.weight.float() * linear.weight_scale).T
     torch.testing.assert_close(linear(x), emulated, rtol=1e-5, atol=1e-5)
     # and within FP8 error (weights and activations, ~3% each) of the unquantized product
@@ -51,12 +60,14 @@ def test_fp8_dynamic_matches_emulated_scaled_mm(shape):
     assert error < 0.08
 
 
-def test_fp8_activation_quantization_is_per_tensor_and_safe_on_zeros():
-    x = torch.randn(4, 32) * 7
-    x_q, scale = quantize_per_tensor(x)
-    assert x_q.dtype == FP8_DTYPE and scale.shape == (1,) and scale.dtype == torch.float32
-    assert x_q.float().abs().max() == 448
-    zero_q, _ = quantize_per_tensor(torch.zeros(3, 8))
+def test_fp8_activation_quantization_is_per_row_and_safe_on_zeros():
+    x = torch.randn(4, 32) * torch.tensor([[0.01], [1.0], [7.0], [300.0]])
+    x_q, scale = quantize_per_row(x)
+    assert x_q.dtype == FP8_DTYPE and scale.shape == (4, 1) and scale.dtype == torch.float32
+    assert torch.equal(x_q.float().abs().amax(dim=1), torch.full((4,), 448.0))  # each row uses the range
+    alone, _ = quantize_per_row(x[1:2])
+    assert torch.equal(alone.float(), x_q[1:2].float())  # a row's bytes do not depend on the others
+    zero_q, _ = quantize_per_row(torch.zeros(3, 8))
     assert torch.equal(zero_q.float(), torch.zeros(3, 8))
 
 

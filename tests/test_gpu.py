@@ -65,7 +65,8 @@ def test_graphs_cover_every_bucket_and_span(pair):
     graphed, _ = pair
     captured = graphed.lifecycle.captured
     assert captured["batch_buckets"] == list(BUCKETS)
-    assert captured["num_graphs"] == len(BUCKETS) * len(graphed.config.kv_buckets)
+    assert captured["draft_length_tiers"] == [4, 8, 16]
+    assert captured["num_graphs"] == len(BUCKETS) * len(graphed.config.kv_buckets) * 3
 
 
 def test_graph_replay_has_no_host_sync(pair):
@@ -75,7 +76,7 @@ def test_graph_replay_has_no_host_sync(pair):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        graphed.graphs.replay(4, graphed.config.kv_buckets[0])
+        graphed.graphs.replay(4, graphed.config.kv_buckets[0], graphed.decode_steps(16))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

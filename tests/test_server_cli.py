@@ -60,8 +60,16 @@ BAD_SETTINGS = {
         "DRAFTER_PORT (or --port) must be an integer",
     ),
     "variable not a number": ([], {"DRAFTER_MAX_QUEUE": "many"}, "DRAFTER_MAX_QUEUE"),
-    "missing model dir": (["--model", "/nonexistent/qwen3"], {}, "neither a preset (tiny, bench-cpu)"),
-    "misspelt preset": (["--model", "tinny"], {}, "neither a preset (tiny, bench-cpu) nor a directory"),
+    "missing model dir": (
+        ["--model", "/nonexistent/qwen3"],
+        {},
+        "neither a preset (tiny, bench-cpu, qwen3-0.6b-random)",
+    ),
+    "misspelt preset": (
+        ["--model", "tinny"],
+        {},
+        "neither a preset (tiny, bench-cpu, qwen3-0.6b-random) nor a directory",
+    ),
     "hub id": (["--model", "Qwen/Qwen3-0.6B"], {}, "python -m export Qwen/Qwen3-0.6B DIR"),
     "graphs on cpu": (["--cuda-graphs"], {}, "--cuda-graphs needs a CUDA device"),
     "unknown flag": (["--max-batch", "4"], {}, "unrecognized"),

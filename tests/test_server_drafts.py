@@ -144,6 +144,7 @@ def test_metrics_count_served_tokens_and_cache_use(client):
     assert metric_value(text, "drafter_draft_tokens_total") >= 4
     assert metric_value(text, 'drafter_cache_tokens_total{kind="prefilled"}') > 0
     assert metric_value(text, "drafter_requests_in_flight") == 0
+    assert metric_value(text, "drafter_recompiles_total") == 0  # present, and nothing recompiled
     for name in ("drafter_request_seconds", "drafter_queue_wait_seconds", "drafter_prefill_seconds"):
         assert f"{name}_bucket" in text
     assert "drafter_decode_seconds_bucket" in text and "drafter_evictions_total" in text

@@ -131,11 +131,11 @@ class Metrics:
 
     def watch_cache(self, engine) -> None:
         """Page gauges read the engine's tables when scraped (plain ints: no lock, no device access)."""
-        table = engine.table
-        self.kv_pages.labels("used").set_function(lambda: table.pages_in_use)
-        self.kv_pages.labels("idle").set_function(lambda: len(table.index.idle))
-        self.kv_pages.labels("free").set_function(lambda: table.allocator.num_free)
-        self.kv_evicted_sequences.set_function(lambda: table.counters.evicted_sequences)
+        # engine.table is read at each scrape: reset_cache replaces it.
+        self.kv_pages.labels("used").set_function(lambda: engine.table.pages_in_use)
+        self.kv_pages.labels("idle").set_function(lambda: len(engine.table.index.idle))
+        self.kv_pages.labels("free").set_function(lambda: engine.table.allocator.num_free)
+        self.kv_evicted_sequences.set_function(lambda: engine.table.counters.evicted_sequences)
         self.registry.register(RecompileCollector(engine.recompiles))
 
     def render(self) -> bytes:

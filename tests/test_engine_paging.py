@@ -138,3 +138,22 @@ def test_never_written_memory_is_never_read_as_nan(oracle):
         drafts = engine.draft(context, 8)
         assert drafts == hf_greedy(model, context, 8)
         context = context + drafts[:5] + [1]
+
+
+def test_a_conversation_that_rolls_back_grows_again_on_consecutive_pages(oracle):
+    """A rollback releases full pages (idle in the prefix index, findable by content); the conversation
+    (named by its session) takes them back as it grows again, so the CPU path keeps reading one view
+    instead of gathering a copy every step."""
+    from engine.prefill import contiguous
+
+    model, directory = oracle
+    engine = paged_engine(directory, max_draft_tokens=16)
+    context = context_of(81, 60)
+    for _ in range(4):  # the target accepts every draft
+        context = context + engine.draft(context, 16, "conv") + [3]
+    context = context[:-40] + [1, 2]  # then goes back 40 tokens and elsewhere
+    for _ in range(3):
+        context = context + engine.draft(context, 16, "conv") + [4]
+    sequence = engine.table.by_session["conv"]
+    assert contiguous(sequence.pages, len(sequence.tokens), PAGE) is not None
+    assert engine.draft(context, 8) == hf_greedy(model, context, 8)

@@ -106,6 +106,8 @@ class SequenceTable:
         if target is None:
             self.sequences.append(sequence)
         needed = -(-num_positions // size) - len(kept)
+        if kept:
+            self.reclaim_after(kept[-1], needed)
         evicted = self.make_room(needed, taken)
         sequence.pages += self.allocator.take(needed, kept[-1] if kept else None)
         self.allocator.refs[sequence.pages[len(kept) :]] += 1
@@ -166,6 +168,17 @@ class SequenceTable:
             if self.index.is_indexed(page):
                 self.index.idle[page] = None
         self.allocator.give_back([page for page in unheld if not self.index.is_indexed(page)])
+
+    def reclaim_after(self, page: int, count: int) -> None:
+        """Free the idle pages right after `page`, so the sequence ending there grows onto consecutive pages
+        (which the CPU attention reads as a view). They are typically its own rejected drafts, released a
+        moment ago: worth less than keeping a growing conversation contiguous."""
+        for following in range(page + 1, min(page + 1 + count, len(self.allocator.free))):
+            if following not in self.index.idle:
+                return
+            self.index.forget(following)
+            self.allocator.give_back([following])
+            self.counters.evicted_pages += 1
 
     def make_room(self, needed: int, taken: set[int]) -> int:
         """Free pages until `needed` are free: idle pages first, then idle sequences, LRU first."""

@@ -157,3 +157,13 @@ def test_a_conversation_that_rolls_back_grows_again_on_consecutive_pages(oracle)
     sequence = engine.table.by_session["conv"]
     assert contiguous(sequence.pages, len(sequence.tokens), PAGE) is not None
     assert engine.draft(context, 8) == hf_greedy(model, context, 8)
+
+
+def test_new_runs_leave_the_largest_gap_whole_for_long_contexts():
+    """Conversations of 2k, 8k and then 32k positions (64-position pages) each get consecutive pages."""
+    from engine.cache.allocator import PageAllocator
+
+    allocator = PageAllocator(1024)
+    runs = [allocator.take(count, after=None) for count in (33, 129, 513)]
+    assert all(run == list(range(run[0], run[0] + len(run))) for run in runs)
+    assert runs[1][0] - runs[0][-1] > 1  # the run before keeps room to grow

@@ -161,22 +161,3 @@ def test_fp8_forward_has_no_host_sync_and_captures_into_a_cuda_graph(cls):
         out = linear(x)
     graph.replay()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["weight-only", "dynamic"])
-def test_fp8_engine_compiles_fullgraph_and_drafts_like_eager(tmp_path, mode):
-    from engine.config import EngineConfig
-    from engine.engine import Engine
-    from export.__main__ import run_export
-
-    run_export("tiny", tmp_path / "fp8", mode)
-    config = dict(max_seq_len=120, max_batch_size=1, max_draft_tokens=8, min_kv_bucket=128)
-    compiled = Engine.load(str(tmp_path / "fp8"), EngineConfig(**config, compile=True))
-    eager = Engine.load(str(tmp_path / "fp8"), EngineConfig(**config))
-    report = compiled.warmup()
-    assert report["state"] == "ready" and report["fallbacks"] == [], report
-    generator = torch.Generator().manual_seed(3)
-    for n in (3, 17, 60):
-        context = torch.randint(0, 1024, (n,), generator=generator).tolist()
-        assert compiled.draft(context, 8) == eager.draft(context, 8)

@@ -22,6 +22,7 @@ from engine.cache.pool import PagePool, bytes_per_token
 from engine.cache.sequences import CacheFull, SequenceTable
 from engine.config import ConfigError, EngineConfig
 from engine.decode import DecodeBuffers, greedy_step, run_loop
+from engine.describe import describe
 from engine.lifecycle import Lifecycle, State
 from engine.loader import LoadedModel, load_model
 from engine.model import rope_table
@@ -260,7 +261,7 @@ class Engine:
                     shared=placement.shared,
                 )
             )
-        self.count(results)
+        self.stats.add(results)
         return results
 
     def decode_buffers(self, batch: int) -> DecodeBuffers:
@@ -285,52 +286,5 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def count(self, results: list[DraftResult]) -> None:
-        stats = self.stats
-        stats.requests += len(results)
-        stats.batch_sizes[len(results)] += 1
-        for result in results:
-            stats.tokens_reused += result.cached
-            stats.tokens_prefilled += result.prefilled
-            stats.draft_tokens += len(result.tokens)
-            stats.evictions += result.evicted
-            stats.shared_tokens += result.shared
-
-    def cache_info(self) -> dict:
-        cfg, pool, table = self.config, self.pool, self.table
-        return {
-            "page_size": cfg.page_size,
-            "pool_pages": pool.num_pages - 1,
-            "pool_tokens": (pool.num_pages - 1) * cfg.page_size,
-            "pool_bytes": pool.num_bytes,
-            "budget_gb": cfg.budget_gb if cfg.kv_cache_tokens is None else None,
-            "pages_used": table.pages_in_use,
-            "pages_idle": len(table.index.idle),
-            "pages_free": table.allocator.num_free,
-            "sequences": len(table.sequences),
-            "shared_prefix_tokens": table.counters.shared_tokens,
-            "evicted_sequences": table.counters.evicted_sequences,
-            "evicted_pages": table.counters.evicted_pages,
-        }
-
     def info(self) -> dict:
-        cfg, model_cfg = self.config, self.loaded.config
-        return {
-            "model": self.loaded.source,
-            "random_weights": self.loaded.is_random_preset,
-            "vocab_size": model_cfg.vocab_size,
-            "max_context": cfg.max_seq_len,
-            "max_draft_tokens": cfg.max_draft_tokens,
-            "max_batch_size": cfg.max_batch_size,
-            "quantization": self.loaded.quantization,
-            "device": cfg.device,
-            "dtype": cfg.dtype,
-            "compile": cfg.compile,
-            "cuda_graphs": self.graphs is not None,
-            "attention": cfg.attention,
-            "batch_buckets": list(cfg.buckets),
-            "kv_buckets": list(self.spans),
-            "draft_length_tiers": list(cfg.tiers) if self.graphs is not None else None,
-            "kv_cache": self.cache_info(),
-            "recompiles_after_warmup": self.recompiles.count,
-        }
+        return describe(self)

@@ -46,6 +46,17 @@ class EngineStats:
     shared_tokens: int = 0
     batch_sizes: Counter = field(default_factory=Counter)
 
+    def add(self, results: list[DraftResult]) -> None:
+        """Count one batch's results."""
+        self.requests += len(results)
+        self.batch_sizes[len(results)] += 1
+        for result in results:
+            self.tokens_reused += result.cached
+            self.tokens_prefilled += result.prefilled
+            self.draft_tokens += len(result.tokens)
+            self.evictions += result.evicted
+            self.shared_tokens += result.shared
+
 
 def as_token_array(
     request: DraftRequest, vocab_size: int, max_seq_len: int, max_draft_tokens: int

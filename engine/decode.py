@@ -61,17 +61,19 @@ class DecodeBuffers:
         self.out_probs = torch.zeros(bucket, max_steps, dtype=torch.float32, device=device)
         pinned = torch.device(device).type == "cuda"
         self.host = torch.zeros(bucket * (2 + max_pages), dtype=torch.long, pin_memory=pinned)
+        # Written through numpy: a few small writes cost ~1 us each there, ~4 us each as torch ops.
+        self.host_array = self.host.numpy()
         self.max_pages = max_pages
 
     def fill(self, tokens: list[int], positions: list[int], page_tables: list[list[int]]) -> None:
-        host, bucket = self.host, self.bucket
-        host.zero_()  # padding rows: token 0 at position 0 on the scratch page
-        host[: len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
-        host[bucket : bucket + len(positions)] = torch.as_tensor(positions, dtype=torch.long)
-        table = host[2 * bucket :].view(bucket, self.max_pages)
+        host, bucket = self.host_array, self.bucket
+        host[:] = 0  # padding rows: token 0 at position 0 on the scratch page
+        host[: len(tokens)] = tokens
+        host[bucket : bucket + len(positions)] = positions
+        table = host[2 * bucket :].reshape(bucket, self.max_pages)
         for row, pages in enumerate(page_tables):
-            table[row, : len(pages)] = torch.as_tensor(pages)
-        self.inputs.copy_(host, non_blocking=True)
+            table[row, : len(pages)] = pages
+        self.inputs.copy_(self.host, non_blocking=True)
 
 
 def run_loop(

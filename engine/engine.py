@@ -198,6 +198,7 @@ class Engine:
         cfg = self.config
         if not 1 <= len(requests) <= cfg.max_batch_size:
             raise DraftError(f"a batch holds 1 to {cfg.max_batch_size} requests, got {len(requests)}")
+        began = time.perf_counter()
         vocab = self.loaded.config.vocab_size
         contexts = [as_token_array(r, vocab, cfg.max_seq_len, cfg.max_draft_tokens) for r in requests]
         num_steps = self.decode_steps(max(r.num_draft_tokens for r in requests))
@@ -242,25 +243,26 @@ class Engine:
         probs = both[:, num_steps:].tolist()
         decoded = time.perf_counter()
 
-        results = []
-        for request, context, placement, draft, prob in zip(
-            requests, contexts, placements, drafts, probs, strict=True
-        ):
+        for context, placement, draft in zip(contexts, placements, drafts, strict=True):
             # The sequence now holds the context and every draft token fed back into the loop.
             self.table.commit(placement, np.concatenate([context, np.asarray(draft[:-1], dtype=np.int64)]))
-            k = request.num_draft_tokens
-            results.append(
-                DraftResult(
-                    tokens=draft[:k],
-                    probs=prob[:k],
-                    cached=placement.reuse,
-                    prefilled=len(context) - placement.reuse,
-                    evicted=placement.evicted > 0,
-                    prefill_ms=(prefilled - start) * 1e3,
-                    decode_ms=(decoded - prefilled) * 1e3,
-                    shared=placement.shared,
-                )
+        engine_ms = (time.perf_counter() - began) * 1e3
+        results = [
+            DraftResult(
+                tokens=draft[: request.num_draft_tokens],
+                probs=prob[: request.num_draft_tokens],
+                cached=placement.reuse,
+                prefilled=len(context) - placement.reuse,
+                evicted=placement.evicted > 0,
+                prefill_ms=(prefilled - start) * 1e3,
+                decode_ms=(decoded - prefilled) * 1e3,
+                engine_ms=engine_ms,
+                shared=placement.shared,
             )
+            for request, context, placement, draft, prob in zip(
+                requests, contexts, placements, drafts, probs, strict=True
+            )
+        ]
         self.stats.add(results)
         return results
 

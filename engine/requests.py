@@ -33,6 +33,7 @@ class DraftResult:
     evicted: bool  # this request evicted another conversation's cached pages
     prefill_ms: float  # of the whole batch
     decode_ms: float  # of the whole batch
+    engine_ms: float = 0.0  # the whole batch's call: cache lookup, prefill, decode, readback, bookkeeping
     shared: int = 0  # of `cached`, tokens found on other conversations' pages (the prefix index)
 
 

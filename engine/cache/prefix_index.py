@@ -32,13 +32,14 @@ class PrefixIndex:
         self.key_of: dict[int, int] = {}
         self.idle: OrderedDict[int, None] = OrderedDict()  # indexed pages no sequence holds, LRU first
 
-    def keys(self, tokens: np.ndarray) -> np.ndarray:
-        """[len(tokens) // P] the key of each full page of `tokens`."""
-        num_full = len(tokens) // self.page_size
-        pages = tokens[: num_full * self.page_size].reshape(num_full, self.page_size).astype(np.uint64)
+    def keys(self, tokens: np.ndarray, first: int = 0, before: int = 0) -> np.ndarray:
+        """[len(tokens) // P - first] the keys of `tokens`' full pages from logical page `first` on, given
+        `before`, the key of page first - 1 (a key sums over its prefix, so a tail costs only its pages)."""
+        size, num_full = self.page_size, len(tokens) // self.page_size
+        pages = tokens[first * size : num_full * size].reshape(-1, size).astype(np.uint64)
         with np.errstate(over="ignore"):
             hashes = (pages * self.token_weights).sum(axis=1, dtype=np.uint64)
-            return np.cumsum(hashes * self.page_weights[:num_full], dtype=np.uint64)
+            return np.cumsum(hashes * self.page_weights[first:num_full], dtype=np.uint64) + np.uint64(before)
 
     def match(self, tokens: np.ndarray, max_pages: int) -> list[int]:
         """The pages holding the longest run of `tokens`' leading full pages (at most `max_pages`)."""
@@ -67,9 +68,10 @@ class PrefixIndex:
             self.parent[pages[i]] = pages[i - 1]
         if first == 0 and pages:
             self.parent[pages[0]] = NO_PARENT
-        keys = self.keys(tokens)
-        for i in range(first, len(keys)):
-            key = int(keys[i])
+        before = self.key_of.get(pages[first - 1]) if first else 0
+        # A page not indexed (another page took its key) gives no base: then the whole prefix is hashed.
+        keys = self.keys(tokens)[first:] if before is None else self.keys(tokens, first, before)
+        for i, key in enumerate(keys.tolist(), start=first):
             if key not in self.page_of and pages[i] not in self.key_of:
                 self.page_of[key] = pages[i]
                 self.key_of[pages[i]] = key

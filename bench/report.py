@@ -27,7 +27,7 @@ def summarize(case: dict, latencies_s: list[float], floor: float) -> dict:
 
 def add_ratios(rows: list[dict]) -> None:
     """`speedup_vs_hf_generate`: the baseline's p50 over ours, for single-client rows of the same case;
-    `http_minus_eager_ms`: on http rows, what the HTTP path adds to the in-process engine's p50."""
+    `http_minus_in_process_ms`: on http rows, what the HTTP path adds to the in-process engine's p50."""
     baseline = {tuple(r[f] for f in KEY_FIELDS): r["p50_ms"] for r in rows if r["variant"] == BASELINE}
     eager = {
         tuple(r[f] for f in (*KEY_FIELDS, "concurrency")): r["p50_ms"]
@@ -40,7 +40,7 @@ def add_ratios(rows: list[dict]) -> None:
             row["speedup_vs_hf_generate"] = reference / row["p50_ms"]
         in_process = eager.get(tuple(row[f] for f in (*KEY_FIELDS, "concurrency")))
         if row["variant"] == "http" and in_process is not None:
-            row["http_minus_eager_ms"] = row["p50_ms"] - in_process
+            row["http_minus_in_process_ms"] = row["p50_ms"] - in_process
 
 
 COLUMNS = [
@@ -57,11 +57,11 @@ COLUMNS = [
     ("step_mb", "{:.1f}"),
     ("floor_fraction", "{:.1%}"),
     ("speedup_vs_hf_generate", "{:.1f}x"),
-    ("http_minus_eager_ms", "{:+.2f}"),
+    ("http_minus_in_process_ms", "{:+.2f}"),
 ]
 HEADERS = {"context_len": "ctx", "num_draft_tokens": "k", "concurrency": "c", "throughput_rps": "req/s",
            "step_mb": "MB/step", "floor_fraction": "of floor", "speedup_vs_hf_generate": "vs hf-generate",
-           "http_minus_eager_ms": "http - eager"}  # fmt: skip
+           "http_minus_in_process_ms": "http - in-process"}  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:

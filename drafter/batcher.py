@@ -1,18 +1,22 @@
 """Concurrent requests → one `draft_batch` on the engine thread, with a bounded queue and deadlines.
 
-One dispatcher task runs batches one after another. While the engine is busy, arriving requests queue up
-and form the next batch; when it is idle, the first request waits at most `window_s` for companions (the
-window is sub-millisecond, so it is spent yielding to the event loop, whose timers are only ms-precise).
-A request that cannot queue fails at once (`QueueFull`), one still queued at its deadline fails
-(`Expired`), and one withdrawn (client gone) is simply never drafted. The batcher knows nothing of HTTP.
+Event-driven, no task of its own: a batch starts the moment the engine is idle and the queue is ready
+(`pump`, called on every submit, on every finished batch and whenever a request stops arriving). While the
+engine is busy, arriving requests queue up and form the next batch. When it is idle, the first request
+waits for companions only if some are on their way (a handler reading or checking its body: `arriving`),
+and at most `window_s`; a lone client never waits. A request that cannot queue fails at once
+(`QueueFull`), one still queued at its deadline fails (`Expired`), and one withdrawn (client gone) is
+simply never drafted. The batcher knows nothing of HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from drafter.draft_length import Load
@@ -60,30 +64,40 @@ class Batcher:
         self.max_batch_size, self.max_queue, self.window_s = max_batch_size, max_queue, window_s
         self.metrics, self.on_engine_failure, self.on_decode = metrics, on_engine_failure, on_decode
         self.waiting: deque[Pending] = deque()
+        self.alone: deque[Pending] = deque()  # retried one by one after the engine refused their batch
         self.running = 0  # requests in the batch on the engine now
-        self.wakeup = asyncio.Event()
+        self.arriving = 0  # requests whose handler is reading or checking the body: companions on their way
+        self.timer: asyncio.TimerHandle | None = None  # the end of the window, while one is open
         self.failure: BaseException | None = None
-        self.task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self.run(), name="drafter-batcher")
+        self.stopped = False
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+        self.stopped = True
+        self.close_window()
         self.fail_waiting(EngineFailed("server stopped"))
+
+    @contextlib.contextmanager
+    def arrival(self) -> Iterator[None]:
+        """Around a handler's reading and checking of a body, so an idle engine's window waits for it."""
+        self.arriving += 1
+        try:
+            yield
+        finally:
+            self.arriving -= 1
+            self.pump()
 
     def submit(self, request: DraftRequest, timeout_s: float) -> Pending:
         if self.failure is not None:
             raise EngineFailed(str(self.failure))
+        if self.stopped:
+            raise EngineFailed("server stopped")
         if len(self.waiting) >= self.max_queue:
             raise QueueFull
         now = asyncio.get_running_loop().time()
         pending = Pending(request, now, now + timeout_s)
         self.waiting.append(pending)
         self.metrics.queue_depth.set(len(self.waiting))
-        self.wakeup.set()
+        self.pump()
         return pending
 
     def load(self) -> Load:
@@ -98,22 +112,37 @@ class Batcher:
         self.metrics.queue_depth.set(len(self.waiting))
         return True
 
-    async def run(self) -> None:
-        while True:
-            if not self.waiting:
-                self.wakeup.clear()
-                await self.wakeup.wait()
-                await self.gather()
-            batch = self.take()
-            if batch:
-                await self.dispatch(batch)
-
-    async def gather(self) -> None:
-        """Give requests already on their way a chance to join the first one."""
+    def pump(self, window_over: bool = False) -> None:
+        """Start the next batch if the engine is idle and the queue is ready: the batch is full, nobody
+        else is on the way, or the first request has waited `window_s`."""
+        if self.running or self.failure is not None or self.stopped:
+            return
+        while self.alone:
+            pending = self.alone.popleft()
+            if not pending.future.done():
+                self.dispatch([pending])
+                return
+        if not self.waiting:
+            return
         loop = asyncio.get_running_loop()
-        end = loop.time() + self.window_s
-        while len(self.waiting) < self.max_batch_size and (remaining := end - loop.time()) > 0:
-            await asyncio.sleep(0 if remaining < 0.002 else 0.001)
+        window_end = self.waiting[0].arrived + self.window_s
+        waiting_for_more = self.arriving and len(self.waiting) < self.max_batch_size
+        if waiting_for_more and not window_over and loop.time() < window_end:
+            if self.timer is None:  # asyncio's timers are ms-precise: a fallback for a slow body only
+                self.timer = loop.call_at(window_end, self.end_window)
+            return
+        self.close_window()
+        if batch := self.take():
+            self.dispatch(batch)
+
+    def end_window(self) -> None:
+        self.timer = None
+        self.pump(window_over=True)
+
+    def close_window(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def take(self) -> list[Pending]:
         now = asyncio.get_running_loop().time()
@@ -130,39 +159,45 @@ class Batcher:
         self.metrics.queue_depth.set(len(self.waiting))
         return batch
 
-    async def dispatch(self, batch: list[Pending]) -> None:
-        for pending in batch:
-            self.metrics.queue_wait_seconds.observe(pending.started - pending.arrived)
+    def dispatch(self, batch: list[Pending]) -> None:
         self.running = len(batch)
-        try:
-            results = await self.engine_thread.run(self.draft_batch, [p.request for p in batch])
-        except DraftError as error:
+        self.engine_thread.post(
+            functools.partial(self.finish, batch), self.draft_batch, [p.request for p in batch]
+        )
+
+    def finish(
+        self, batch: list[Pending], results: list[DraftResult] | None, error: BaseException | None
+    ) -> None:
+        self.running = 0
+        if error is None:
+            for pending, result in zip(batch, results, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(result)
+            # After the handlers' wake-ups in the loop's queue: their answers go out before the bookkeeping.
+            asyncio.get_running_loop().call_soon(self.record, batch, results)
+        elif isinstance(error, DraftError):
             # The server validates exactly what the engine checks, so this is a bug; never let one bad
             # request fail its companions.
             log.error("engine refused a validated request: %s", error)
             if len(batch) == 1:
-                batch[0].future.set_exception(error)
-                return
-            for pending in batch:
-                await self.dispatch([pending])
-            return
-        except Exception as error:  # noqa: BLE001 - a device error the engine cannot recover from
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(error)
+            else:
+                self.alone.extend(batch)
+        else:  # a device error the engine cannot recover from
             self.failure = error
             self.on_engine_failure(error)
             for pending in batch:
-                pending.future.set_exception(EngineFailed(str(error)))
+                if not pending.future.done():
+                    pending.future.set_exception(EngineFailed(str(error)))
             self.fail_waiting(EngineFailed(str(error)))
-            return
-        finally:
-            self.running = 0
-        self.record(results)
-        self.on_decode(results[0].decode_ms, max(p.request.num_draft_tokens for p in batch))
-        for pending, result in zip(batch, results, strict=True):
-            if not pending.future.done():
-                pending.future.set_result(result)
+        self.pump()
 
-    def record(self, results: list[DraftResult]) -> None:
+    def record(self, batch: list[Pending], results: list[DraftResult]) -> None:
+        self.on_decode(results[0].decode_ms, max(p.request.num_draft_tokens for p in batch))
         metrics = self.metrics
+        for pending in batch:
+            metrics.queue_wait_seconds.observe(pending.started - pending.arrived)
         metrics.batch_size.observe(len(results))
         metrics.prefill_seconds.observe(results[0].prefill_ms / 1e3)
         metrics.decode_seconds.observe(results[0].decode_ms / 1e3)

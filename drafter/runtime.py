@@ -122,7 +122,6 @@ class Runtime:
             self.on_engine_failure,
             self.observe_decode,
         )
-        self.batcher.start()
         log.info(
             "ready in %.1f s: %s on %s (%s), stages %s, fallbacks %s",
             time.perf_counter() - started,

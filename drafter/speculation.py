@@ -68,7 +68,7 @@ class Speculation:
     def prepare(self, params: DraftParams, load: Load) -> Call:
         session, known_equal = None, 0
         if params.prefix_len is not None:
-            new_tokens = np.asarray(params.tokens, dtype=np.int64)  # O(new tokens)
+            new_tokens = params.tokens  # O(new tokens)
             try:
                 session, context = self.sessions.extend(
                     params.session, params.session_token, params.prefix_len, new_tokens
@@ -80,7 +80,7 @@ class Speculation:
             context = self.sessions.full_context(params.tokens)
             session = self.sessions.get(params.session)
         else:
-            context = params.tokens  # the engine converts it; nothing here needs an array
+            context = params.tokens
         accepted = None if session is None else accepted_drafts(session, context, known_equal)
         num_previous = 0 if session is None else len(session.drafts)
         acceptance = self.acceptance if session is None else session.acceptance

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
 
 from drafter.config import MAX_SESSION_CHARS
@@ -38,7 +39,7 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class DraftParams:
-    tokens: list[int]  # v1: the whole context; v2: the tokens after the session's first prefix_len
+    tokens: np.ndarray  # int64; v1: the whole context; v2: the tokens after the session's first prefix_len
     num_draft_tokens: int | str  # or AUTO
     session: str | None = None
     min_confidence: float = 0.0
@@ -125,7 +126,9 @@ def parse_prefix_len(
     return prefix_len
 
 
-def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: Limits) -> list[int]:
+def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: Limits) -> np.ndarray:
+    """The token ids as int64, converted once here: the sessions and the engine take the array as it is
+    (converting and range-checking a 2k-token list costs ~0.1 ms in Python, ~2 us in numpy)."""
     if tokens is None:
         raise invalid("tokens is required: the whole context as a list of token ids", "tokens")
     if not isinstance(tokens, list):
@@ -140,12 +143,13 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
             "tokens",
         )
     if not tokens:
-        return tokens
+        return np.zeros(0, dtype=np.int64)
     if set(map(type, tokens)) != {int}:  # one C-level pass; refuses bool, float, str, null alike
         raise invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
-    if min(tokens) < 0 or max(tokens) >= limits.vocab_size:
+    array = np.asarray(tokens, dtype=np.int64)  # orjson refuses integers beyond 64 bits
+    if array.min() < 0 or array.max() >= limits.vocab_size:
         raise invalid(f"every token id must be in [0, {limits.vocab_size})", "tokens")
-    return tokens
+    return array
 
 
 def parse_session(session) -> str | None:

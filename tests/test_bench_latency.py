@@ -117,7 +117,7 @@ def test_script_writes_the_json_and_plot_of_its_contract(tmp_path):
     assert {r["pattern"] for r in rows} == {"growing", "cold", "shared"}
     assert all(r["concurrency"] > 1 for r in rows if r["pattern"] == "shared")
     assert all(r["step_mb"] > 0 for r in rows)
-    assert all("http_minus_eager_ms" in r for r in rows if r["variant"] == "http")
+    assert all("http_minus_in_process_ms" in r for r in rows if r["variant"] == "http")
     for row in rows:
         assert row.keys() >= RESULT_FIELDS
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]

@@ -28,7 +28,8 @@ class Drafts:
     `cached`: context tokens the server took from its KV cache (the rest it prefilled).
     `accepted`: how many of the drafts last returned to this session the new context kept (server v2 only).
     `num_draft_tokens`: the k the server drafted (v2; with "auto" it may be below the k asked, even 0).
-    `server_timing_ms`: the `Server-Timing` header, stage -> milliseconds (queue, prefill, decode).
+    `server_timing_ms`: the `Server-Timing` header, stage -> milliseconds (queue, prefill,
+    decode, engine: the whole engine call).
     """
 
     tokens: list[int]

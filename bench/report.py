@@ -20,6 +20,8 @@ def summarize(case: dict, latencies_s: list[float], floor: float) -> dict:
         "mean_ms": mean,
         # Closed-loop clients: by Little's law, requests in flight / mean latency.
         "throughput_rps": case["concurrency"] / mean * 1e3,
+        # A call's p50 per draft token: a decode step's cost, with the call's fixed cost spread over k.
+        "step_ms": float(np.percentile(ms, 50)) / case["num_draft_tokens"],
         "floor_ms": floor,
         "floor_fraction": floor / float(np.percentile(ms, 50)),
     }
@@ -55,12 +57,13 @@ COLUMNS = [
     ("mean_ms", "{:.2f}"),
     ("throughput_rps", "{:.1f}"),
     ("step_mb", "{:.1f}"),
+    ("step_ms", "{:.2f}"),
     ("floor_fraction", "{:.1%}"),
     ("speedup_vs_hf_generate", "{:.1f}x"),
     ("http_minus_in_process_ms", "{:+.2f}"),
 ]
 HEADERS = {"context_len": "ctx", "num_draft_tokens": "k", "concurrency": "c", "throughput_rps": "req/s",
-           "step_mb": "MB/step", "floor_fraction": "of floor", "speedup_vs_hf_generate": "vs hf-generate",
+           "step_mb": "MB/step", "step_ms": "ms/step", "floor_fraction": "of floor", "speedup_vs_hf_generate": "vs hf-generate",
            "http_minus_in_process_ms": "http - in-process"}  # fmt: skip
 
 

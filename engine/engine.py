@@ -21,6 +21,7 @@ from engine import compile as compile_step
 from engine.cache.pool import PagePool, bytes_per_token
 from engine.cache.sequences import CacheFull, SequenceTable
 from engine.config import ConfigError, EngineConfig
+from engine.cpu_linears import use_cpu_linears
 from engine.decode import DecodeBuffers, greedy_step, run_loop
 from engine.describe import describe
 from engine.lifecycle import Lifecycle, State
@@ -44,6 +45,10 @@ class Engine:
         self.lifecycle = lifecycle or Lifecycle()
         self.device = torch.device(config.device)
         model_config, dtype = loaded.config, DTYPES[config.dtype]
+        # Eager on the CPU: decode-speed linears (engine/cpu_linears.py). The GPU keeps the model as loaded,
+        # and so does torch.compile (inductor cannot lower an opaque oneDNN weight that is a graph input).
+        on_cpu_eager = self.device.type == "cpu" and not config.compile
+        self.packed_linears = use_cpu_linears(self.model, dtype) if on_cpu_eager else 0
         budget_tokens = config.kv_cache_tokens or int(
             config.budget_gb * 2**30 / bytes_per_token(model_config, dtype)
         )

@@ -22,7 +22,7 @@ from engine.presets import PRESETS, write_preset
 from tests.server_process import REPO
 
 RESULT_FIELDS = {"variant", "pattern", "context_len", "num_draft_tokens", "concurrency"}
-RESULT_FIELDS |= {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "step_mb"}
+RESULT_FIELDS |= {"p50_ms", "p90_ms", "p99_ms", "mean_ms", "step_mb", "step_ms"}
 
 
 def test_growing_context_extends_by_an_accepted_prefix_plus_one_target_token():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
+from engine.loader import load_model
 from export.__main__ import run_export
 from tests.export_helpers import ENGINE, MODES, linear_names
 from tests.oracle import fresh_forward, hf_greedy
@@ -113,8 +114,9 @@ def test_export_transformers_decompresses_it_to_the_same_model(exported, mode):
         directory, quantization_config=CompressedTensorsConfig(run_compressed=False), dtype=torch.float32
     ).eval()
     engine = Engine.load(str(directory), ENGINE)
+    loaded = load_model(str(directory))  # the FP8 modules as read (the engine's CPU linears derive from them)
     for name in linear_names():
-        ours = engine.model.get_submodule(name).dequantized_weight(torch.float32)
+        ours = loaded.model.get_submodule(name).dequantized_weight(torch.float32)
         assert torch.equal(oracle.get_submodule(name).weight, ours), name
     contexts = random_contexts(1024, num=4, length=16)
     with torch.no_grad():

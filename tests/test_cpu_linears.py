@@ -1,0 +1,75 @@
+"""The CPU's decode linears (engine/cpu_linears.py) compute what the modules they replace compute: plain and
+packed, fp32 and bf16, one row to a prefill chunk, FP8 weight-only and dynamic; and the engine uses them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.config import EngineConfig
+from engine.cpu_linears import CpuDynamicFP8Linear, CpuLinear, bf16_packing_supported, use_cpu_linears
+from engine.engine import Engine
+from engine.fp8 import FP8DynamicLinear, FP8Linear
+from engine.loader import load_model
+from tests.test_fp8 import make_linear
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not bf16_packing_supported(), reason="this CPU has no oneDNN bf16"))]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("rows", [1, 8, 300])
+def test_cpu_linear_is_the_linear(dtype, packed, rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=generator).to(dtype)
+    bias = torch.randn(96, generator=generator).to(dtype)
+    x = torch.randn(2, rows, 64, generator=generator).to(dtype)
+    linear = CpuLinear(weight, bias, packed)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(linear(x), F.linear(x, weight, bias), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_weight_only_on_cpu_is_the_dequantized_product(dtype):
+    fp8, _ = make_linear(FP8Linear, 64, 48)
+    model = torch.nn.Sequential(copy.deepcopy(fp8))
+    use_cpu_linears(model, dtype)
+    assert isinstance(model[0], CpuLinear)
+    x = torch.randn(5, 64).to(dtype)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(model[0](x), fp8(x), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("shape", [(64, 48), (200, 24)])
+def test_fp8_dynamic_on_cpu_is_scaled_mm_s_product(shape):
+    dynamic, _ = make_linear(FP8DynamicLinear, *shape)
+    x = torch.randn(7, 3, shape[0])
+    torch.testing.assert_close(CpuDynamicFP8Linear(dynamic)(x), dynamic(x), rtol=1e-5, atol=1e-5)
+
+
+def test_engine_packs_the_lm_head_in_fp32_and_every_linear_in_bf16():
+    fp32 = Engine.load("tiny", EngineConfig(max_seq_len=128, dtype="float32"))
+    assert fp32.packed_linears == 1 and fp32.model.lm_head.packed
+    assert not fp32.model.model.layers[0].mlp.up_proj.packed
+    assert fp32.info()["cpu_packed_linears"] == 1
+    if bf16_packing_supported():
+        bf16 = Engine.load("tiny", EngineConfig(max_seq_len=128, dtype="bfloat16"))
+        num_layers = len(bf16.model.model.layers)
+        assert bf16.packed_linears == 7 * num_layers + 1  # q k v o gate up down, and the lm_head
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packing_leaves_the_model_s_logits_as_they_were(dtype):
+    plain = load_model("tiny", dtype).model
+    packed = copy.deepcopy(plain)
+    use_cpu_linears(packed, dtype)
+    hidden = torch.randn(3, plain.config.hidden_size).to(dtype)
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(packed.logits(hidden), plain.logits(hidden), rtol=tolerance, atol=tolerance)
+    # a tied lm_head gets its own packed copy: the embedding keeps the plain table for row lookups
+    assert packed.model.embed_tokens.weight.layout == torch.strided

@@ -37,9 +37,9 @@ class PrefixIndex:
         `before`, the key of page first - 1 (a key sums over its prefix, so a tail costs only its pages)."""
         size, num_full = self.page_size, len(tokens) // self.page_size
         pages = tokens[first * size : num_full * size].reshape(-1, size).astype(np.uint64)
-        with np.errstate(over="ignore"):
-            hashes = (pages * self.token_weights).sum(axis=1, dtype=np.uint64)
-            return np.cumsum(hashes * self.page_weights[first:num_full], dtype=np.uint64) + np.uint64(before)
+        # Wrapping mod 2^64 is the point; numpy's array arithmetic wraps without a warning.
+        hashes = (pages * self.token_weights).sum(axis=1, dtype=np.uint64)
+        return np.cumsum(hashes * self.page_weights[first:num_full], dtype=np.uint64) + np.uint64(before)
 
     def match(self, tokens: np.ndarray, max_pages: int) -> list[int]:
         """The pages holding the longest run of `tokens`' leading full pages (at most `max_pages`)."""

@@ -4,13 +4,14 @@ A decode step multiplies one row per conversation by every weight matrix, so it 
 is how fast the weights stream from memory, on every core. Measured on this project's 2-core Intel Xeon
 (AVX-512 and AMX, bench/README.md), rows = 1, bf16: torch's `F.linear` reads 8-16 GB/s, while oneDNN with
 its weight prepacked into its blocked layout (`torch.ops.mkldnn`, what inductor's CPU freezing uses) reads
-28-36 GB/s, 1.4-2.5x faster at every shape, prefill's 512 rows included. In fp32 the packed kernel loses
-on the decoder's small matrices (19 vs 10 us) and ties on the 151936-row lm_head at one row, but halves it
-at a batch of 8 and is the vendor-neutral path: where MKL's fp32 matrix-vector product keeps to one core
-(AMD), oneDNN's threads still use them all. So:
+28-36 GB/s, 1.4-2.5x faster at every shape, prefill's 512 rows included. In fp32 on that Intel CPU, MKL
+(behind `F.linear`) already reads at the floor: the packed kernel loses on the decoder's small matrices
+(19 vs 10 us) and made the whole bench-cpu decode 2-3% slower, though it halves the lm_head at a batch of 8.
+On AMD EPYC the lm_head's fp32 matrix-vector product in MKL was measured on one core (1 and 2 threads timed
+the same), where oneDNN's kernels thread on any x86 (not measured here: no AMD machine was at hand). So:
 
 - bfloat16 (where oneDNN supports it): every linear, the lm_head included, is packed;
-- float32: the lm_head is packed, the decoder's linears stay `F.linear`;
+- float32: the lm_head is packed on CPUs that are not Intel's; everything else stays `F.linear`;
 - FP8 weight-only checkpoints: the weight is dequantized once, here, exactly as `FP8Linear.forward` does on
   every call (fp8 → fp32 × scale → compute dtype), then treated as above. The CPU has no fp8 matmul that
   beats that: upcasting each weight on every call made FP8 2x slower than fp32;
@@ -24,6 +25,8 @@ plain table for its row lookups), so each step still reads every weight byte onc
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -75,25 +78,40 @@ def bf16_packing_supported() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+@functools.cache
+def intel_cpu() -> bool:
+    """MKL's own vendor: its fp32 kernels take their fast, threaded paths there."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in info)
+    except OSError:
+        return False
+
+
+def pack_fp32_lm_head() -> bool:
+    return not intel_cpu()
+
+
 def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> int:
     """Swap `model`'s linears (on the CPU, weights in `dtype`) for CpuLinears; returns how many were packed."""
     if not torch.backends.mkldnn.is_available():
         return 0
     pack_all = dtype == torch.bfloat16 and bf16_packing_supported()
     lm_head = getattr(model, "lm_head", None)
+    pack_lm_head = pack_all or (dtype == torch.float32 and pack_fp32_lm_head())
     packed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, FP8DynamicLinear):
                 setattr(parent, name, CpuDynamicFP8Linear(child))
                 continue
+            pack = pack_all or (pack_lm_head and child is lm_head)
             if isinstance(child, FP8Linear):
                 weight = child.dequantized_weight(dtype)
-            elif isinstance(child, nn.Linear):
+            elif isinstance(child, nn.Linear) and pack:
                 weight = child.weight.detach()
             else:
-                continue
-            pack = pack_all or child is lm_head
+                continue  # a plain linear that stays plain keeps its module
             bias = None if child.bias is None else child.bias.detach().to(dtype)
             setattr(parent, name, CpuLinear(weight.to(dtype), bias, pack))
             packed += pack

@@ -67,7 +67,7 @@ OPTIONS: dict[str, tuple] = {
         "max-draft-tokens is always one [4,8,16]",
     ),
     "max-queue": (int, "requests that may wait for the engine; beyond it, 429 [128]"),
-    "batch-window-ms": (float, "how long an idle engine waits to batch a request with others [0.2]"),
+    "batch-window-ms": (float, "at most how long an idle engine waits for requests already being read [0.2]"),
     "request-timeout-s": (float, "a request still queued after this is dropped with 504 [1.0]"),
     "drain-timeout-s": (float, "on SIGTERM, how long in-flight requests may take to finish [30]"),
     "body-timeout-s": (float, "a /draft body still incomplete after this is refused with 408 [10]"),

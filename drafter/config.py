@@ -38,7 +38,7 @@ class ServerConfig:
     max_draft_tokens: int = 16
     draft_length_tiers: tuple[int, ...] = (4, 8, 16)  # graphs per tier (engine/tiers.py)
     max_queue: int = 128  # requests waiting for the engine; beyond it, 429 at once
-    batch_window_ms: float = 0.2  # how long an idle engine waits for a first request's companions
+    batch_window_ms: float = 0.2  # at most how long an idle engine waits for requests already being read
     request_timeout_s: float = 1.0  # a request still queued after this is dropped (504), never drafted
     compile: bool = False
     cuda_graphs: bool = False

@@ -243,9 +243,9 @@ class Engine:
         both = torch.cat(
             (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps]), 1
         )
-        both = both.cpu()
-        drafts = both[:, :num_steps].long().tolist()
-        probs = both[:, num_steps:].tolist()
+        rows = both.cpu().tolist()
+        drafts = [[int(token) for token in row[:num_steps]] for row in rows]
+        probs = [row[num_steps:] for row in rows]
         decoded = time.perf_counter()
 
         for context, placement, draft in zip(contexts, placements, drafts, strict=True):

@@ -36,10 +36,12 @@ class PrefixIndex:
         """[len(tokens) // P - first] the keys of `tokens`' full pages from logical page `first` on, given
         `before`, the key of page first - 1 (a key sums over its prefix, so a tail costs only its pages)."""
         size, num_full = self.page_size, len(tokens) // self.page_size
-        pages = tokens[first * size : num_full * size].reshape(-1, size).astype(np.uint64)
-        # Wrapping mod 2^64 is the point; numpy's array arithmetic wraps without a warning.
-        hashes = (pages * self.token_weights).sum(axis=1, dtype=np.uint64)
-        return np.cumsum(hashes * self.page_weights[first:num_full], dtype=np.uint64) + np.uint64(before)
+        # Ids are non-negative int64: viewed as uint64 they keep their values, without a copy. Wrapping mod
+        # 2^64 is the point, and numpy's array arithmetic (a matmul too) wraps without a warning. Few ops:
+        # each costs a few microseconds with the caches cold from a decode step.
+        pages = tokens[first * size : num_full * size].reshape(-1, size).view(np.uint64)
+        hashes = pages @ self.token_weights
+        return np.cumsum(hashes * self.page_weights[first:num_full]) + np.uint64(before)
 
     def match(self, tokens: np.ndarray, max_pages: int) -> list[int]:
         """The pages holding the longest run of `tokens`' leading full pages (at most `max_pages`)."""
@@ -61,10 +63,18 @@ class PrefixIndex:
         from logical page `start // P` on to the index."""
         size = self.page_size
         first = start // size
-        positions = np.arange(first * size, len(tokens))
-        page_array = np.asarray(pages, dtype=np.int64)
-        self.tokens.reshape(-1)[page_array[positions // size] * size + positions % size] = tokens[positions]
-        for i in range(max(first, 1), -(-len(tokens) // size)):
+        end = -(-len(tokens) // size)  # one past the last page holding a token
+        if end - first <= 4:  # a growing conversation's usual commit: a slice per page beats one gather
+            for i in range(first, end):
+                chunk = tokens[i * size : (i + 1) * size]
+                self.tokens[pages[i], : len(chunk)] = chunk
+        else:
+            positions = np.arange(first * size, len(tokens))
+            page_array = np.asarray(pages, dtype=np.int64)
+            self.tokens.reshape(-1)[page_array[positions // size] * size + positions % size] = tokens[
+                positions
+            ]
+        for i in range(max(first, 1), end):
             self.parent[pages[i]] = pages[i - 1]
         if first == 0 and pages:
             self.parent[pages[0]] = NO_PARENT

@@ -84,8 +84,13 @@ class SequenceTable:
     def place_one(self, tokens: np.ndarray, session: str | None, num_positions: int, taken: set[int]):
         size = self.page_size
         reusable = len(tokens) - 1  # the last context token is always fed to the decode loop
-        matched = self.index.match(tokens, reusable // size)
-        target, own = self.continued(tokens, session, matched, taken)
+        target, own = self.hinted(tokens, session, taken)
+        # A hinted sequence holding every full page of the context leaves the index nothing to offer (a
+        # growing conversation's usual call): skip hashing and looking up its whole context.
+        full_pages = reusable // size
+        matched = [] if own >= full_pages * size else self.index.match(tokens, full_pages)
+        if target is None:
+            target, own = self.continued(tokens, matched, taken)
         if own >= len(matched) * size and target is not None:
             kept, reuse = target.pages[: -(-own // size)], own
         else:
@@ -116,12 +121,17 @@ class SequenceTable:
         self.counters.shared_tokens += shared
         return Placement(sequence, reuse, shared, evicted)
 
-    def continued(self, tokens, session, matched, taken) -> tuple[Sequence | None, int]:
-        """The sequence this request continues, and how many of its tokens the request reuses."""
+    def hinted(self, tokens, session, taken) -> tuple[Sequence | None, int]:
+        """The sequence the request's session hint names, and how many of its tokens the request reuses."""
+        sequence = self.by_session.get(session) if session is not None else None
+        if sequence is None or id(sequence) in taken:
+            return None, -1
+        return sequence, common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
+
+    def continued(self, tokens, matched, taken) -> tuple[Sequence | None, int]:
+        """Without a hint: the sequence whose last context this request extends, and how many of its tokens
+        the request reuses."""
         reusable = tokens[: len(tokens) - 1]
-        hinted = self.by_session.get(session) if session is not None else None
-        if hinted is not None and id(hinted) not in taken:
-            return hinted, common_prefix(reusable, hinted.tokens)
         best, best_reuse = None, -1
         for sequence in self.sequences:
             if id(sequence) in taken or (

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-import httpx
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -38,7 +37,7 @@ from bench.prompts import (
     random_prompts,
     read_prompt_lines,
 )
-from drafter.client import DraftClient, DraftRequestError
+from drafter.client import DraftClient, DraftRequestError, TransportError
 from drafter.speculative import SpeculationStats, speculative_decoding
 
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
@@ -52,11 +51,11 @@ DRAFT_TIMEOUT_S = 60  # a benchmark waits for every draft; a target would not (d
 def server_info(client: DraftClient) -> dict:
     """/info once the server is ready; every failure becomes a BenchError naming the server."""
     try:
-        ready = client.http.get("/health/ready", timeout=DRAFT_TIMEOUT_S)
-        if ready.status_code != 200:
-            raise BenchError(f"the drafter at {client.url} is not ready: {ready.text[:200]}")
+        ready = client.get("/health/ready", timeout_s=DRAFT_TIMEOUT_S)
+        if ready.status != 200:
+            raise BenchError(f"the drafter at {client.url} is not ready: {ready.content[:200]!r}")
         return client.info()
-    except (httpx.HTTPError, httpx.InvalidURL) as error:
+    except TransportError as error:
         raise BenchError(f"cannot reach the drafter at {client.url}: {error}") from None
 
 
@@ -250,7 +249,11 @@ def print_summary(report: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    client = DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
+    try:
+        client = DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
+    except ValueError as error:  # a URL it cannot use
+        print(f"acceptance: error: {error}", file=sys.stderr)
+        return 2
     try:
         model, prompts, warmup, info = prepare(args, client)
         report = build_report(args, info, measure(args, model, client, prompts, warmup))

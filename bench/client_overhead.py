@@ -6,7 +6,7 @@ Both clients talk to the same canned server (a subprocess answering every reques
 draft answer over keep-alive HTTP/1.1), so the server's cost is the same small constant for both and the
 difference is the client's. The baseline writes pre-encoded request bytes to a TCP socket and reads until
 the announced Content-Length: no JSON, no HTTP library. `DraftClient.draft` and `AsyncDraftClient.draft`
-build and orjson-encode the body, go through httpx's pool, parse the JSON answer and the Server-Timing
+build and orjson-encode the body, go through the client's keep-alive pool (h11), parse the JSON answer and the Server-Timing
 header into `Drafts`. Encode and decode are also timed alone. Calls alternate between the clients in
 blocks, so drift of a shared machine hits all of them alike. Figures are medians in microseconds.
 """

@@ -87,9 +87,7 @@ def speculate(
 
 def count_requests(client: DraftClient) -> list[str]:
     sent = []
-    client.http.event_hooks["request"].append(
-        lambda request: sent.append(f"{request.method} {request.url.path}")
-    )
+    client.http.on_request.append(lambda method, path, body: sent.append(f"{method} {path}"))
     return sent
 
 

@@ -50,11 +50,11 @@ def sent_bodies(client: DraftClient) -> list[dict]:
     """Every /draft body the client sends from now on, read off the wire as the server receives it."""
     bodies = []
 
-    def record(request: httpx.Request) -> None:
-        if request.url.path == "/draft":
-            bodies.append(orjson.loads(request.content))
+    def record(method: str, path: str, body: bytes | None) -> None:
+        if path == "/draft":
+            bodies.append(orjson.loads(body))
 
-    client.http.event_hooks["request"].append(record)
+    client.http.on_request.append(record)
     return bodies
 
 

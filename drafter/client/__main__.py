@@ -18,9 +18,7 @@ import random
 import sys
 import time
 
-import httpx
-
-from drafter.client import DraftClient, DraftRequestError
+from drafter.client import DraftClient, DraftRequestError, TransportError
 
 RANDOM_PROMPT_LEN, RANDOM_PROMPT_SEED = 64, 0
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
@@ -63,11 +61,11 @@ def parse_args(argv):
 
 def check_server(client: DraftClient) -> dict:
     try:
-        ready = client.http.get("/health/ready", timeout=client.timeout_s)
-        if ready.status_code != 200:
+        ready = client.get("/health/ready")
+        if ready.status != 200:
             raise CliError(f"the drafter at {client.url} is not ready (HTTP {ready.status_code})")
         return client.info()
-    except (httpx.HTTPError, httpx.InvalidURL) as error:
+    except TransportError as error:
         raise CliError(f"cannot reach the drafter at {client.url}: {error}") from None
 
 
@@ -129,7 +127,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    with DraftClient(args.url, args.api_key, timeout_s=args.timeout_s) as client:
+    try:
+        client = DraftClient(args.url, args.api_key, timeout_s=args.timeout_s)
+    except ValueError as error:  # a URL it cannot use
+        print(f"drafter.client: error: {error}", file=sys.stderr)
+        return 2
+    with client:
         try:
             return 0 if run(args, client) else 1
         except (CliError, DraftRequestError) as error:

@@ -1,6 +1,8 @@
 """`DraftClient`: the blocking client a target process imports (no torch, no engine), one keep-alive
 connection pool, and `DraftSession`, one conversation's incremental state. The rules live in
-drafter/client/protocol.py; this module only sends the requests it yields, each within the call's deadline.
+drafter/client/protocol.py; this module only sends the requests it yields, each within the call's deadline,
+through drafter/client/sync_http.py (lean keep-alive HTTP/1.1; `url` may also be `unix:/PATH`, a server's
+--uds socket).
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ import contextlib
 import time
 from collections.abc import Generator
 
-import httpx
+import orjson
 
 from drafter.client.backoff import Backoff
+from drafter.client.http11 import TransportError
 from drafter.client.protocol import (
     Request,
     Response,
@@ -22,6 +25,7 @@ from drafter.client.protocol import (
     transport_failed,
 )
 from drafter.client.results import Drafts
+from drafter.client.sync_http import CallTimeout, ConnectionPool
 
 DEFAULT_TIMEOUT_S = 0.5  # a draft that comes later than this rarely beats the target decoding alone
 
@@ -61,8 +65,7 @@ class DraftClient:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.http = httpx.Client(base_url=self.url, headers=base_headers(api_key), limits=limits)
+        self.http = ConnectionPool(self.url, base_headers(api_key), max_connections)
         self.server = ServerState(backoff or Backoff())
 
     def draft(
@@ -83,11 +86,17 @@ class DraftClient:
         purpose; the default is a fresh uuid4."""
         return DraftSession(self, SessionState(name))
 
+    def get(self, path: str, timeout_s: float | None = None) -> Response:
+        """GET `path` (a health probe, /info, /metrics); raises `TransportError` if no answer comes."""
+        deadline = time.monotonic() + (timeout_s or max(self.timeout_s, 5.0))
+        return Response(*self.http.request("GET", path, deadline=deadline))
+
     def info(self) -> dict:
-        """GET /info, raising on any failure (for tools that need the server's limits up front)."""
-        response = self.http.get("/info", timeout=max(self.timeout_s, 5.0))
-        response.raise_for_status()
-        return response.json()
+        """GET /info, raising `TransportError` on any failure (for tools that need the server's limits)."""
+        response = self.get("/info")
+        if response.status != 200:
+            raise TransportError(f"GET /info answered {response.status}")
+        return orjson.loads(response.content)
 
     def run(self, calls: Generator[Request, Response, Drafts], session, timeout_s: float | None) -> Drafts:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
@@ -97,19 +106,15 @@ class DraftClient:
                 request = calls.send(self.send(request, deadline))
         except StopIteration as done:
             return done.value
-        except httpx.TimeoutException:
+        except CallTimeout:
             return transport_failed(self.server, session, timed_out=True)
-        except httpx.TransportError:
+        except TransportError:
             return transport_failed(self.server, session, timed_out=False)
 
     def send(self, request: Request, deadline: float) -> Response:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise httpx.TimeoutException("the call's deadline passed before this request")
-        response = self.http.request(
-            request.method, request.path, content=request.body, headers=request.headers, timeout=remaining
+        return Response(
+            *self.http.request(request.method, request.path, request.body, request.headers, deadline=deadline)
         )
-        return Response(response.status_code, dict(response.headers), response.content)
 
     def close(self) -> None:
         self.http.close()
@@ -151,7 +156,7 @@ class DraftSession:
         self.state.forget()
         if request is None:
             return
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(TransportError):
             self.client.send(request, time.monotonic() + self.client.timeout_s)
 
     def __enter__(self) -> DraftSession:

@@ -138,10 +138,10 @@ def test_retry_after_and_server_timing_parse():
     }
 
 
-def test_client_import_leaves_torch_out():
+def test_client_import_leaves_torch_and_httpx_out():
     code = (
         "import sys\nfrom drafter.client import DraftClient, AsyncDraftClient\n"
-        "heavy = [m for m in ('torch', 'numpy', 'engine', 'transformers') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'numpy', 'engine', 'transformers', 'httpx') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

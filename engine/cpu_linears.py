@@ -1,27 +1,34 @@
 """Linears for decoding on the CPU near the memory-bandwidth floor.
 
 A decode step multiplies one row per conversation by every weight matrix, so it is memory-bound: its speed
-is how fast the weights stream from memory, on every core. Measured on this project's 2-core Intel Xeon
-(AVX-512 and AMX, bench/README.md), rows = 1, bf16: torch's `F.linear` reads 8-16 GB/s, while oneDNN with
-its weight prepacked into its blocked layout (`torch.ops.mkldnn`, what inductor's CPU freezing uses) reads
-28-36 GB/s, 1.4-2.5x faster at every shape, prefill's 512 rows included. In fp32 on that Intel CPU, MKL
-(behind `F.linear`) already reads at the floor: the packed kernel loses on the decoder's small matrices
-(19 vs 10 us) and made the whole bench-cpu decode 2-3% slower, though it halves the lm_head at a batch of 8.
-On AMD EPYC the lm_head's fp32 matrix-vector product in MKL was measured on one core (1 and 2 threads timed
-the same), where oneDNN's kernels thread on any x86 (not measured here: no AMD machine was at hand). So:
+is how fast the weights stream from memory, on every core. Candidates, measured on this project's 2-core
+Intel Xeon (AVX-512, AVX512-BF16 and AMX; bench/README.md), one row unless said:
 
-- bfloat16 (where oneDNN supports it): every linear, the lm_head included, is packed;
-- float32: the lm_head is packed on CPUs that are not Intel's; everything else stays `F.linear`;
+- bf16: torch's `F.linear` reads 8-16 GB/s; oneDNN with its weight prepacked into its blocked layout
+  (`torch.ops.mkldnn`, what inductor's CPU freezing uses) reads 28-36 GB/s, 1.4-2.5x faster at every
+  shape, prefill's 512 rows included (lm_head 151936 x 512: 9.7 -> 4.3 ms); `torch.mv` 5.0 ms; inductor
+  with frozen weights 5.1 ms. oneDNN packed wins.
+- fp32: MKL (behind `F.linear`) already threads and streams; oneDNN's packed kernel loses on the small
+  matrices (19 vs 10 us) and ties on the lm_head; MKL's own packed GEMM (`torch.ops.mkl`, used only at the
+  row count it was packed for, else the plain weight) ties on the small ones and takes the lm_head from
+  11.4 to 9.4 ms, a bench-cpu decode 1.09x faster (1.00x on Qwen3-0.6B's shape, whose lm_head is a smaller
+  share). On AMD EPYC, MKL's fp32 lm_head product was measured on one core (the issue that started this;
+  no AMD machine was at hand here), where oneDNN's kernels thread on any x86.
+
+So: bf16 (where oneDNN supports it) packs every linear with oneDNN; fp32 packs only the lm_head, with MKL
+on Intel CPUs and oneDNN on others, the decoder's linears staying MKL's `F.linear`. The lm_head's packed
+copy is extra memory (the tied embedding keeps its plain table for row lookups: +311 MB on bench-cpu in
+fp32, +622 MB on Qwen3-0.6B); each step still reads every weight byte once.
+
 - FP8 weight-only checkpoints: the weight is dequantized once, here, exactly as `FP8Linear.forward` does on
   every call (fp8 → fp32 × scale → compute dtype), then treated as above. The CPU has no fp8 matmul that
-  beats that: upcasting each weight on every call made FP8 2x slower than fp32;
+  beats that: upcasting each weight on every call made FP8 4.5x slower than bf16;
 - FP8 dynamic checkpoints: the same product as `_scaled_mm` (fp8 × fp8, fp32 accumulation, both scales
   after), as an fp32 matmul of the fp8 values (exact in fp32) then the scales: torch's CPU `_scaled_mm`
-  made a bench-cpu call 6-8x slower than bf16.
+  made a bench-cpu call 5-8x slower than bf16.
 
-The engine uses these in eager mode only: inductor cannot lower an opaque oneDNN weight passed as a graph
-input, and compiled CPU code is no faster here (bench/README.md). The packed copy replaces the module's weight; a tied lm_head gets its own copy (the embedding keeps the
-plain table for its row lookups), so each step still reads every weight byte once.
+The engine uses these in eager mode only: inductor cannot lower an opaque packed weight passed as a graph
+input, and compiled CPU code is no faster here (bench/README.md).
 """
 
 from __future__ import annotations
@@ -36,23 +43,31 @@ from engine.fp8 import FP8DynamicLinear, FP8Linear, quantize_per_row
 
 
 class CpuLinear(nn.Module):
-    """y = x @ weightᵀ (+ bias) with a weight fixed at load: oneDNN-packed, or a plain dense tensor."""
+    """y = x @ weightᵀ (+ bias) with a weight fixed at load, computed by `kind`: "plain" (`F.linear`),
+    "onednn" (oneDNN-packed) or "mkl" (MKL-packed for one row; other row counts use the plain weight)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str = "plain"):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.packed = packed
-        # An opaque oneDNN tensor, not a parameter: state dicts and .to() never see it.
-        self.weight_ = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if packed else weight
-        self.bias = bias
+        self.kind, self.bias = kind, bias
+        # Packed weights are opaque tensors, not parameters: state dicts and .to() never see them.
+        self.weight_ = weight
+        if kind == "onednn":
+            self.weight_ = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        elif kind == "mkl":
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
+        if self.kind == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight_, self.bias, "none", [], "")
+        if self.kind == "mkl":
+            rows = x.reshape(-1, self.in_features)
+            out = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight_, self.bias, 1)
+            return out.reshape(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight_, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.packed}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}"
 
 
 class CpuDynamicFP8Linear(nn.Module):
@@ -88,8 +103,8 @@ def intel_cpu() -> bool:
         return False
 
 
-def pack_fp32_lm_head() -> bool:
-    return not intel_cpu()
+def fp32_lm_head_kind() -> str:
+    return "mkl" if intel_cpu() else "onednn"
 
 
 def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> int:
@@ -98,21 +113,22 @@ def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> int:
         return 0
     pack_all = dtype == torch.bfloat16 and bf16_packing_supported()
     lm_head = getattr(model, "lm_head", None)
-    pack_lm_head = pack_all or (dtype == torch.float32 and pack_fp32_lm_head())
     packed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, FP8DynamicLinear):
                 setattr(parent, name, CpuDynamicFP8Linear(child))
                 continue
-            pack = pack_all or (pack_lm_head and child is lm_head)
+            kind = "onednn" if pack_all else "plain"
+            if child is lm_head and dtype == torch.float32:
+                kind = fp32_lm_head_kind()
             if isinstance(child, FP8Linear):
                 weight = child.dequantized_weight(dtype)
-            elif isinstance(child, nn.Linear) and pack:
+            elif isinstance(child, nn.Linear) and kind != "plain":
                 weight = child.weight.detach()
             else:
                 continue  # a plain linear that stays plain keeps its module
             bias = None if child.bias is None else child.bias.detach().to(dtype)
-            setattr(parent, name, CpuLinear(weight.to(dtype), bias, pack))
-            packed += pack
+            setattr(parent, name, CpuLinear(weight.to(dtype), bias, kind))
+            packed += kind != "plain"
     return packed

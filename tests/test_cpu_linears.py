@@ -14,7 +14,7 @@ from engine.cpu_linears import (
     CpuDynamicFP8Linear,
     CpuLinear,
     bf16_packing_supported,
-    pack_fp32_lm_head,
+    fp32_lm_head_kind,
     use_cpu_linears,
 )
 from engine.engine import Engine
@@ -27,15 +27,21 @@ DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
     not bf16_packing_supported(), reason="this CPU has no oneDNN bf16"))]  # fmt: skip
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("rows", [1, 8, 300])
-def test_cpu_linear_is_the_linear(dtype, packed, rows):
+KINDS = [
+    (torch.float32, "plain"), (torch.float32, "onednn"), (torch.float32, "mkl"), (torch.bfloat16, "plain"),
+    pytest.param(torch.bfloat16, "onednn", marks=pytest.mark.skipif(
+        not bf16_packing_supported(), reason="this CPU has no oneDNN bf16")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "kind"), KINDS)
+@pytest.mark.parametrize("rows", [1, 8, 300])  # MKL's packed weight serves one row; the rest the plain one
+def test_cpu_linear_is_the_linear(dtype, kind, rows):
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 64, generator=generator).to(dtype)
     bias = torch.randn(96, generator=generator).to(dtype)
     x = torch.randn(2, rows, 64, generator=generator).to(dtype)
-    linear = CpuLinear(weight, bias, packed)
+    linear = CpuLinear(weight, bias, kind)
     tolerance = TOLERANCE[dtype]
     torch.testing.assert_close(linear(x), F.linear(x, weight, bias), rtol=tolerance, atol=tolerance)
 
@@ -58,11 +64,11 @@ def test_fp8_dynamic_on_cpu_is_scaled_mm_s_product(shape):
     torch.testing.assert_close(CpuDynamicFP8Linear(dynamic)(x), dynamic(x), rtol=1e-5, atol=1e-5)
 
 
-def test_engine_packs_every_linear_in_bf16_and_in_fp32_the_lm_head_off_intel():
+def test_engine_packs_every_linear_in_bf16_and_in_fp32_the_lm_head():
     fp32 = Engine.load("tiny", EngineConfig(max_seq_len=128, dtype="float32"))
-    expected = 1 if pack_fp32_lm_head() else 0
-    assert fp32.packed_linears == expected and fp32.info()["cpu_packed_linears"] == expected
-    assert isinstance(fp32.model.model.layers[0].mlp.up_proj, torch.nn.Linear)  # MKL's, as loaded
+    assert fp32.packed_linears == 1 and fp32.info()["cpu_packed_linears"] == 1
+    assert fp32.model.lm_head.kind == fp32_lm_head_kind()
+    assert isinstance(fp32.model.model.layers[0].mlp.up_proj, torch.nn.Linear)  # MKL's F.linear, as loaded
     if bf16_packing_supported():
         bf16 = Engine.load("tiny", EngineConfig(max_seq_len=128, dtype="bfloat16"))
         num_layers = len(bf16.model.model.layers)

@@ -146,9 +146,13 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
         return np.zeros(0, dtype=np.int64)
     if set(map(type, tokens)) != {int}:  # one C-level pass; refuses bool, float, str, null alike
         raise invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
-    array = np.asarray(tokens, dtype=np.int64)  # orjson refuses integers beyond 64 bits
+    out_of_range = invalid(f"every token id must be in [0, {limits.vocab_size})", "tokens")
+    try:
+        array = np.asarray(tokens, dtype=np.int64)
+    except OverflowError:  # orjson reads integers up to 2**64 - 1; int64 holds less
+        raise out_of_range from None
     if array.min() < 0 or array.max() >= limits.vocab_size:
-        raise invalid(f"every token id must be in [0, {limits.vocab_size})", "tokens")
+        raise out_of_range
     return array
 
 

@@ -43,6 +43,7 @@ BAD_BODIES = {
     "token is null": ({"tokens": [1, None]}, 400, "tokens", "integers"),
     "token negative": ({"tokens": [1, -1]}, 400, "tokens", "[0, 1024)"),
     "token past vocab": ({"tokens": [1024]}, 400, "tokens", "[0, 1024)"),
+    "token past int64": ({"tokens": [1, 2**64 - 1]}, 400, "tokens", "[0, 1024)"),  # JSON allows it
     "token huge": (b'{"tokens": [100000000000000000000000]}', 400, "tokens", "integers"),
     "context too long": ({"tokens": [1] * 500, "num_draft_tokens": 16}, 400, "tokens", "512"),
     "k zero": ({"tokens": [1], "num_draft_tokens": 0}, 400, "num_draft_tokens", "[1, 16]"),

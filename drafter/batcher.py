@@ -6,7 +6,8 @@ engine is busy, arriving requests queue up and form the next batch. When it is i
 waits for companions only if some are on their way (a handler reading or checking its body: `arriving`),
 and at most `window_s`; a lone client never waits. A request that cannot queue fails at once
 (`QueueFull`), one still queued at its deadline fails (`Expired`), and one withdrawn (client gone) is
-simply never drafted. The batcher knows nothing of HTTP.
+simply never drafted. A lone request that `runs_inline` deems short is drafted on the event loop's own
+thread, without the two thread hand-offs (drafter/inline.py). The batcher knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ class Batcher:
         metrics: Metrics,
         on_engine_failure: Callable[[BaseException], None],
         on_decode: Callable[[float, int], None] = lambda decode_ms, num_steps: None,
+        runs_inline: Callable[[DraftRequest], bool] = lambda request: False,
     ):
         self.engine_thread, self.draft_batch = engine_thread, draft_batch
         self.max_batch_size, self.max_queue, self.window_s = max_batch_size, max_queue, window_s
         self.metrics, self.on_engine_failure, self.on_decode = metrics, on_engine_failure, on_decode
+        self.runs_inline = runs_inline
         self.waiting: deque[Pending] = deque()
         self.alone: deque[Pending] = deque()  # retried one by one after the engine refused their batch
         self.running = 0  # requests in the batch on the engine now
@@ -161,9 +164,35 @@ class Batcher:
 
     def dispatch(self, batch: list[Pending]) -> None:
         self.running = len(batch)
+        # The engine thread is idle here, so `runs_inline` may read the engine's cache table.
+        if len(batch) == 1 and not self.waiting and not self.arriving and self.runs_inline(batch[0].request):
+            # One loop turn later: handlers the loop has already scheduled (requests that arrived together,
+            # say while the loop was drafting) get to queue or start reading first.
+            asyncio.get_running_loop().call_soon(self.run_inline, batch[0])
+            return
         self.engine_thread.post(
             functools.partial(self.finish, batch), self.draft_batch, [p.request for p in batch]
         )
+
+    def run_inline(self, pending: Pending) -> None:
+        """Draft a lone request on this thread, unless companions showed up since it was dispatched."""
+        if self.stopped or self.waiting or self.arriving:
+            # Back to the front of the queue, to run with them on the engine thread (or fail with the rest
+            # if the server stopped). Its handler set no disconnect or deadline watch for a started
+            # request; a batch starts within the window anyway, and `take` still enforces the deadline.
+            pending.started = None
+            self.waiting.appendleft(pending)
+            self.running = 0
+            if self.stopped:
+                self.fail_waiting(EngineFailed("server stopped"))
+            self.pump()
+            return
+        self.metrics.inline_batches.inc()
+        try:
+            results, error = self.draft_batch([pending.request]), None
+        except Exception as caught:  # noqa: BLE001 - the same outcomes as from the engine thread
+            results, error = None, caught
+        self.finish([pending], results, error)
 
     def finish(
         self, batch: list[Pending], results: list[DraftResult] | None, error: BaseException | None

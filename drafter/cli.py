@@ -68,6 +68,11 @@ OPTIONS: dict[str, tuple] = {
     ),
     "max-queue": (int, "requests that may wait for the engine; beyond it, 429 [128]"),
     "batch-window-ms": (float, "at most how long an idle engine waits for requests already being read [0.2]"),
+    "inline-max-ms": (
+        float,
+        "a lone request on an idle engine, expected to draft within this, is drafted on the event loop's "
+        "own thread (saves two thread hand-offs; the loop reads nothing else meanwhile); 0: never [10]",
+    ),
     "request-timeout-s": (float, "a request still queued after this is dropped with 504 [1.0]"),
     "drain-timeout-s": (float, "on SIGTERM, how long in-flight requests may take to finish [30]"),
     "body-timeout-s": (float, "a /draft body still incomplete after this is refused with 408 [10]"),

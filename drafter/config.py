@@ -39,6 +39,7 @@ class ServerConfig:
     draft_length_tiers: tuple[int, ...] = (4, 8, 16)  # graphs per tier (engine/tiers.py)
     max_queue: int = 128  # requests waiting for the engine; beyond it, 429 at once
     batch_window_ms: float = 0.2  # at most how long an idle engine waits for requests already being read
+    inline_max_ms: float = 10.0  # a lone draft expected to take at most this runs on the event loop's thread
     request_timeout_s: float = 1.0  # a request still queued after this is dropped (504), never drafted
     compile: bool = False
     cuda_graphs: bool = False
@@ -64,6 +65,8 @@ class ServerConfig:
             raise ServerConfigError(f"max_queue must be at least 1, got {self.max_queue}")
         if not 0 <= self.batch_window_ms <= 100:
             raise ServerConfigError(f"batch_window_ms must be in [0, 100], got {self.batch_window_ms}")
+        if not 0 <= self.inline_max_ms <= 1000:
+            raise ServerConfigError(f"inline_max_ms must be in [0, 1000], got {self.inline_max_ms}")
         if not self.request_timeout_s > 0:
             raise ServerConfigError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
         if not self.drain_timeout_s > 0:

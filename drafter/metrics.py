@@ -70,6 +70,11 @@ class Metrics:
             buckets=tuple(range(1, max_batch_size + 1)),
             registry=registry,
         )
+        self.inline_batches = Counter(
+            "drafter_inline_batches",
+            "Batches of one drafted on the event loop's own thread (short, lone requests: drafter/inline.py)",
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "drafter_requests_in_flight", "/draft requests being handled now", registry=registry
         )

@@ -11,13 +11,14 @@ import asyncio
 import logging
 import time
 
-import numpy as np
 import torch
 
+from drafter import startup_costs
 from drafter.batcher import Batcher
 from drafter.config import ServerConfig
 from drafter.draft_length import DraftCost, DraftLengthPolicy
 from drafter.engine_thread import EngineThread
+from drafter.inline import InlinePolicy
 from drafter.metrics import Metrics
 from drafter.request_body import BodyDeadlines
 from drafter.sessions import SessionTable
@@ -25,7 +26,6 @@ from drafter.speculation import Speculation
 from drafter.validation import Limits
 from engine.engine import Engine
 from engine.lifecycle import Lifecycle, State
-from engine.requests import DraftRequest
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class Runtime:
         self.limits: Limits | None = None
         self.batcher: Batcher | None = None
         self.speculation: Speculation | None = None
+        self.inline: InlinePolicy | None = None
         self.replays_whole_loop = False
         self.engine_thread: EngineThread | None = None
         self.draining = False
@@ -83,7 +84,7 @@ class Runtime:
                     config.model,
                 )
             snapshot = await self.engine_thread.run(engine.warmup)
-            base_ms, step_ms = await self.engine_thread.run(measure_draft_cost, engine)
+            costs = await self.engine_thread.run(startup_costs.measure, engine, config.inline_max_ms)
         except Exception as error:  # noqa: BLE001 - anything here means nothing can be served
             if self.lifecycle.state is not State.FAILED:
                 self.lifecycle.fail(f"{type(error).__name__}: {error}")
@@ -103,7 +104,7 @@ class Runtime:
         self.speculation = Speculation(
             SessionTable(config.max_sessions, config.session_ttl_s, config.max_seq_len),
             DraftLengthPolicy(
-                DraftCost(config.target_verify_ms, base_ms, step_ms),
+                DraftCost(config.target_verify_ms, costs.base_ms, costs.step_ms),
                 config.max_draft_tokens,
                 config.max_batch_size,
                 config.auto_zero_queue_depth,
@@ -112,6 +113,15 @@ class Runtime:
             config.max_draft_tokens,
             config.max_seq_len,
         )
+        self.inline = InlinePolicy(
+            config.inline_max_ms,
+            costs.prefill_token_ms,
+            self.speculation.policy,
+            engine.decode_steps,
+            engine.expected_prefill,
+        )
+        if config.num_threads is not None:  # torch's thread count is per thread: the loop may draft too
+            torch.set_num_threads(config.num_threads)
         self.batcher = Batcher(
             self.engine_thread,
             engine.draft_batch,
@@ -121,6 +131,7 @@ class Runtime:
             self.metrics,
             self.on_engine_failure,
             self.observe_decode,
+            self.inline,
         )
         log.info(
             "ready in %.1f s: %s on %s (%s), stages %s, fallbacks %s",
@@ -162,20 +173,3 @@ class Runtime:
     def stop_engine_thread(self, timeout_s: float = 2.0) -> bool:
         """End the engine thread; False if it is still inside a load, warmup or batch."""
         return self.engine_thread is None or self.engine_thread.stop(timeout_s)
-
-
-def measure_draft_cost(engine: Engine, repeats: int = 5) -> tuple[float, float]:
-    """(fixed ms per draft call, ms per decode step) on this engine, from the fastest of a few drafts at
-    k = 1 and k = max over an already cached context: what auto weighs a longer draft by."""
-    max_k = engine.config.max_draft_tokens
-    length = min(32, engine.config.max_seq_len - max_k)
-    context = np.arange(length, dtype=np.int64) % engine.loaded.config.vocab_size
-    engine.draft_batch([DraftRequest(context, 1)])  # caches the context; later calls only decode
-
-    def fastest(k: int) -> float:
-        results = [engine.draft_batch([DraftRequest(context, k)])[0] for _ in range(repeats)]
-        return min(r.prefill_ms + r.decode_ms for r in results)
-
-    one, longest = fastest(1), fastest(max_k)
-    step_ms = max(longest - one, 0.0) / max(max_k - 1, 1)
-    return max(one - step_ms, 0.0), step_ms

@@ -41,6 +41,7 @@ async def info(request: Request) -> OrjsonResponse:
         "server": {
             "max_queue": config.max_queue,
             "batch_window_ms": config.batch_window_ms,
+            "inline": runtime.inline.describe() if runtime.inline else {"max_ms": config.inline_max_ms},
             "request_timeout_s": config.request_timeout_s,
             "default_num_draft_tokens": config.default_num_draft_tokens,
             "max_body_bytes": config.max_body_bytes,

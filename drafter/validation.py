@@ -6,6 +6,7 @@ name (a client reflecting it would be an injection vector): the message lists th
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,7 +129,7 @@ def parse_prefix_len(
 
 def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: Limits) -> np.ndarray:
     """The token ids as int64, converted once here: the sessions and the engine take the array as it is
-    (converting and range-checking a 2k-token list costs ~0.1 ms in Python, ~2 us in numpy)."""
+    (converting and checking a 2k-token list costs ~0.1 ms in Python, ~25 us this way)."""
     if tokens is None:
         raise invalid("tokens is required: the whole context as a list of token ids", "tokens")
     if not isinstance(tokens, list):
@@ -144,16 +145,20 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
         )
     if not tokens:
         return np.zeros(0, dtype=np.int64)
-    if set(map(type, tokens)) != {int}:  # one C-level pass; refuses bool, float, str, null alike
-        raise invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
+    not_integers = invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
     out_of_range = invalid(f"every token id must be in [0, {limits.vocab_size})", "tokens")
-    try:
-        array = np.asarray(tokens, dtype=np.int64)
+    try:  # one C-level pass that refuses floats, strings, null, lists and objects
+        ids = np.frombuffer(array.array("q", tokens), dtype=np.int64)
+    except TypeError:
+        raise not_integers from None
     except OverflowError:  # orjson reads integers up to 2**64 - 1; int64 holds less
         raise out_of_range from None
-    if array.min() < 0 or array.max() >= limits.vocab_size:
+    # It takes JSON true and false as 1 and 0 (bool is an int): only the ids 0 and 1 can hide one.
+    if any(type(tokens[i]) is not int for i in np.flatnonzero(ids <= 1)):
+        raise not_integers
+    if ids.view(np.uint64).max() >= limits.vocab_size:  # a negative id wraps past every vocabulary
         raise out_of_range
-    return array
+    return ids
 
 
 def parse_session(session) -> str | None:

@@ -194,6 +194,12 @@ class Engine:
         tiers = self.config.tiers if self.graphs is not None else None
         return decode_steps(num_draft_tokens, tiers, ahead=self.static_shapes)
 
+    def expected_prefill(self, request: DraftRequest) -> int:
+        """About how many context tokens `draft_batch` would compute for this request alone (the rest it
+        finds cached): cheap, and read while no batch runs (see SequenceTable.reuse_estimate)."""
+        tokens = np.asarray(request.tokens)
+        return len(tokens) - self.table.reuse_estimate(tokens, request.session)
+
     def draft(self, tokens, num_draft_tokens: int, session: str | None = None) -> list[int]:
         return self.draft_batch([DraftRequest(tokens, num_draft_tokens, session)])[0].tokens
 

@@ -111,6 +111,15 @@ def test_draft_64_concurrent_clients_get_their_own_drafts_in_batches(client, url
     assert num_batches < 64, "no two concurrent requests were batched together"
 
 
+def test_a_lone_short_draft_is_drafted_on_the_event_loop_and_said_so(client, oracle):
+    tokens = random_context(random.Random(6), 30)
+    before = metric_value(client.get("/metrics").text, "drafter_inline_batches_total")
+    assert client.post("/draft", json=draft_body(tokens, 4)).json()["tokens"] == oracle.draft(tokens, 4)
+    assert metric_value(client.get("/metrics").text, "drafter_inline_batches_total") == before + 1
+    inline = client.get("/info").json()["server"]["inline"]
+    assert inline["max_ms"] == 10.0 and 0 < inline["prefill_token_ms"] < 1
+
+
 def test_info_describes_the_served_model(client):
     info = client.get("/info").json()
     assert info["model"] == "tiny"

@@ -70,6 +70,7 @@ class SequenceTable:
         self.by_session: dict[str, Sequence] = {}
         self.counters = CacheCounters()
         self.tick = 0
+        self.latest: Sequence | None = None  # the sequence placed last: a lone client's conversation
 
     # -- placing a batch ------------------------------------------------------------------------------
 
@@ -121,6 +122,18 @@ class SequenceTable:
         self.counters.shared_tokens += shared
         return Placement(sequence, reuse, shared, evicted)
 
+    def reuse_estimate(self, tokens: np.ndarray, session: str | None) -> int:
+        """About how many of the context's tokens `place` would find cached, from the sequence its session
+        names, else the one placed last: at most two comparisons, no hashing (the prefix index may find
+        more; a partly reused page held by another sequence may cost up to a page less). For deciding where a
+        request runs, never for placing it; read only while no batch is being placed."""
+        sequence = self.by_session.get(session) if session is not None else None
+        if sequence is None:
+            sequence = self.latest
+        if sequence is None:
+            return 0
+        return common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
+
     def hinted(self, tokens, session, taken) -> tuple[Sequence | None, int]:
         """The sequence the request's session hint names, and how many of its tokens the request reuses."""
         sequence = self.by_session.get(session) if session is not None else None
@@ -154,6 +167,7 @@ class SequenceTable:
         sequence.session, sequence.context_len = session, context_len
         self.tick += 1
         sequence.last_used = self.tick
+        self.latest = sequence
 
     def commit(self, placement: Placement, tokens: np.ndarray) -> None:
         """After a successful draft: the sequence's pages hold keys/values for exactly `tokens`."""
@@ -212,6 +226,8 @@ class SequenceTable:
         self.release(sequence.pages)
         sequence.pages, sequence.tokens = [], sequence.tokens[:0]
         self.sequences.remove(sequence)
+        if self.latest is sequence:
+            self.latest = None
         if sequence.session is not None and self.by_session.get(sequence.session) is sequence:
             del self.by_session[sequence.session]
 

@@ -1,0 +1,43 @@
+"""Which lone requests the event loop's own thread drafts, instead of handing them to the engine thread.
+
+Why: a hand-off to the engine thread and the answer's way back each wake a thread on another core. On the
+2-core VM of bench/README.md that costs ~0.12 ms of the ~0.4 ms a /draft call added to a plain HTTP round
+trip. When the engine is idle and no other request is queued or being read, nothing would run beside the
+draft anyway, so the event loop's thread may call the engine itself (the batcher decides when; the engine
+is still only ever called by one thread at a time).
+
+The price: while it drafts, the loop reads no other request and answers no health probe. So only a draft
+expected to be short runs there: at most `max_ms`, by the costs measured at startup (a call's fixed cost,
+the decode steps it runs, and its uncached context tokens at the measured prefill rate). A cold long
+context, a long draft on a slow device, or any draft of a large model on a CPU goes to the engine thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from drafter.draft_length import DraftLengthPolicy
+from engine.requests import DraftRequest
+
+
+@dataclass(frozen=True, slots=True)
+class InlinePolicy:
+    max_ms: float  # 0: never
+    prefill_token_ms: float  # measured at startup
+    policy: DraftLengthPolicy  # its fixed cost per call and its running step cost
+    decode_steps: Callable[[int], int]  # the loop's steps for a draft of k tokens
+    expected_prefill: Callable[[DraftRequest], int]  # uncached context tokens; read while the engine is idle
+
+    def expected_ms(self, request: DraftRequest) -> float:
+        return (
+            self.policy.cost.draft_base_ms
+            + self.decode_steps(request.num_draft_tokens) * self.policy.step_ms
+            + self.expected_prefill(request) * self.prefill_token_ms
+        )
+
+    def __call__(self, request: DraftRequest) -> bool:
+        return self.max_ms > 0 and self.expected_ms(request) <= self.max_ms
+
+    def describe(self) -> dict:
+        return {"max_ms": self.max_ms, "prefill_token_ms": round(self.prefill_token_ms, 5)}

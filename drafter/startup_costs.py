@@ -1,0 +1,51 @@
+"""What drafting costs on this engine, measured once at startup: the figures auto's draft length weighs
+(drafter/draft_length.py) and those that decide which lone requests the event loop may draft itself
+(drafter/inline.py). Runs on the engine thread, after warmup."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.engine import Engine
+from engine.requests import DraftRequest
+
+PREFILL_PROBE_TOKENS = 512  # long enough that a prefill's fixed cost is a small part of it
+
+
+@dataclass(frozen=True, slots=True)
+class StartupCosts:
+    base_ms: float  # a draft call's fixed cost
+    step_ms: float  # one more decode step
+    prefill_token_ms: float  # one more uncached context token; inf where not measured (see `measure`)
+
+
+def measure(engine: Engine, inline_max_ms: float, repeats: int = 5) -> StartupCosts:
+    """The fixed and per-step cost from the fastest of a few drafts at k = 1 and k = max over an already
+    cached context; the prefill rate from two fresh contexts, only where a short draft could run inline at
+    all (on a CPU with a large model a prefill probe would take seconds and decide nothing)."""
+    max_k = engine.config.max_draft_tokens
+    vocab = engine.loaded.config.vocab_size
+    length = min(32, engine.config.max_seq_len - max_k)
+    context = np.arange(length, dtype=np.int64) % vocab
+    engine.draft_batch([DraftRequest(context, 1)])  # caches the context; later calls only decode
+
+    def fastest(k: int) -> float:
+        results = [engine.draft_batch([DraftRequest(context, k)])[0] for _ in range(repeats)]
+        return min(r.prefill_ms + r.decode_ms for r in results)
+
+    one, longest = fastest(1), fastest(max_k)
+    step_ms = max(longest - one, 0.0) / max(max_k - 1, 1)
+    base_ms = max(one - step_ms, 0.0)
+    prefill_token_ms = math.inf
+    if inline_max_ms > 0 and one <= inline_max_ms:
+        probe = min(PREFILL_PROBE_TOKENS, engine.config.max_seq_len - max_k - 1)
+        rates = []
+        for start in (1, 2):  # fresh contexts: no prefix of them is cached (the one above starts at 0)
+            fresh = (start + 7 * np.arange(probe, dtype=np.int64)) % vocab
+            result = engine.draft_batch([DraftRequest(fresh, 1)])[0]
+            rates.append(result.prefill_ms / max(result.prefilled, 1))
+        prefill_token_ms = min(rates)
+    return StartupCosts(base_ms, step_ms, prefill_token_ms)

@@ -1,8 +1,10 @@
-"""The one thread that owns the device: load, warmup and every draft batch run here, one after another.
+"""The thread that owns the device: load, warmup and every draft batch run here, one after another.
 
-Compiled and graph-captured code is not thread-safe, so nothing else may call the engine. The thread is a
-daemon, and `stop` does not wait for it: a SIGTERM during a minutes-long load or warmup ends the process
-instead of waiting (a ThreadPoolExecutor's workers are joined at interpreter exit).
+Compiled and graph-captured code is not thread-safe, so the engine is only ever called by one thread at a
+time: this one, or the event loop's own thread for a lone short draft while this one is idle (the batcher
+guarantees it: drafter/inline.py). The thread is a daemon, and `stop` does not wait for it: a SIGTERM during
+a minutes-long load or warmup ends the process instead of waiting (a ThreadPoolExecutor's workers are
+joined at interpreter exit).
 
 The hand-off is as short as asyncio allows: a job's outcome comes back as one `call_soon_threadsafe` of its
 callback. (`run_in_executor` / `wrap_future` go through a concurrent.futures.Future, its lock and two more

@@ -27,6 +27,11 @@ from engine.requests import DraftError, DraftRequest, DraftResult
 
 log = logging.getLogger(__name__)
 
+# After clients last overlapped, how long every batch goes to the engine thread: long enough that a steady
+# stream of concurrent clients never sees the loop draft (measured: 4 clients batched 1.2 per batch
+# instead of 1.8 when it did), short enough that a lone client gets it back within a second.
+CONTENTION_COOL_DOWN_S = 1.0
+
 
 class QueueFull(Exception):
     pass
@@ -66,6 +71,7 @@ class Batcher:
         self.max_batch_size, self.max_queue, self.window_s = max_batch_size, max_queue, window_s
         self.metrics, self.on_engine_failure, self.on_decode = metrics, on_engine_failure, on_decode
         self.runs_inline = runs_inline
+        self.inline_after = 0.0  # event-loop time: no request runs inline before it (see `contended`)
         self.waiting: deque[Pending] = deque()
         self.alone: deque[Pending] = deque()  # retried one by one after the engine refused their batch
         self.running = 0  # requests in the batch on the engine now
@@ -82,12 +88,22 @@ class Batcher:
     @contextlib.contextmanager
     def arrival(self) -> Iterator[None]:
         """Around a handler's reading and checking of a body, so an idle engine's window waits for it."""
+        if self.running or self.waiting:
+            self.contended()
         self.arriving += 1
         try:
             yield
         finally:
             self.arriving -= 1
             self.pump()
+
+    def contended(self, now: float | None = None) -> None:
+        """A request arrived while the engine was busy or others waited: clients overlap. While they do, a
+        draft on the event loop would keep it from reading the others (their bodies, their health
+        probes) and from batching them, so nothing runs inline until none has overlapped for a while."""
+        if now is None:
+            now = asyncio.get_running_loop().time()
+        self.inline_after = now + CONTENTION_COOL_DOWN_S
 
     def submit(self, request: DraftRequest, timeout_s: float) -> Pending:
         if self.failure is not None:
@@ -97,6 +113,8 @@ class Batcher:
         if len(self.waiting) >= self.max_queue:
             raise QueueFull
         now = asyncio.get_running_loop().time()
+        if self.running or self.waiting:
+            self.contended(now)
         pending = Pending(request, now, now + timeout_s)
         self.waiting.append(pending)
         self.metrics.queue_depth.set(len(self.waiting))
@@ -165,7 +183,13 @@ class Batcher:
     def dispatch(self, batch: list[Pending]) -> None:
         self.running = len(batch)
         # The engine thread is idle here, so `runs_inline` may read the engine's cache table.
-        if len(batch) == 1 and not self.waiting and not self.arriving and self.runs_inline(batch[0].request):
+        if (
+            len(batch) == 1
+            and not self.waiting
+            and not self.arriving
+            and asyncio.get_running_loop().time() >= self.inline_after
+            and self.runs_inline(batch[0].request)
+        ):
             # One loop turn later: handlers the loop has already scheduled (requests that arrived together,
             # say while the loop was drafting) get to queue or start reading first.
             asyncio.get_running_loop().call_soon(self.run_inline, batch[0])

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import orjson
 from starlette.requests import Request
+from starlette.responses import Response
 
 from drafter.auth import require_auth
 from drafter.batcher import EngineFailed, Expired, Pending, QueueFull
@@ -32,11 +34,10 @@ EMPTY_RESULT = DraftResult(
 )
 
 
-async def draft(request: Request) -> OrjsonResponse:
+async def draft(request: Request) -> Response:
     runtime: Runtime = request.app.state.runtime
     started = time.perf_counter()
-    runtime.in_flight += 1
-    runtime.metrics.in_flight.inc()
+    runtime.in_flight += 1  # /metrics reads it as drafter_requests_in_flight
     status = 500
     try:
         response = await answer(request, runtime)
@@ -51,11 +52,10 @@ async def draft(request: Request) -> OrjsonResponse:
         return OrjsonResponse(None, status_code=status)
     finally:
         runtime.in_flight -= 1
-        runtime.metrics.in_flight.dec()
         runtime.metrics.request_seconds.labels(str(status)).observe(time.perf_counter() - started)
 
 
-async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
+async def answer(request: Request, runtime: Runtime) -> Response:
     require_auth(request, runtime.config.api_key)
     if not runtime.ready:
         raise not_ready(runtime.stage, runtime.lifecycle.reason)
@@ -87,7 +87,7 @@ async def answer(request: Request, runtime: Runtime) -> OrjsonResponse:
         raise
 
 
-async def draft_for(call: Call, request: Request, runtime: Runtime, started: float) -> OrjsonResponse:
+async def draft_for(call: Call, request: Request, runtime: Runtime, started: float) -> Response:
     if call.num_draft_tokens == 0:  # auto under load: an empty draft now beats any wait
         return draft_response(call, runtime, EMPTY_RESULT, None, started)
     try:
@@ -157,7 +157,7 @@ async def settled(runtime: Runtime, pending: Pending) -> DraftResult | None:
 
 def draft_response(
     call: Call, runtime: Runtime, result: DraftResult, pending: Pending | None, host_started: float
-) -> OrjsonResponse:
+) -> Response:
     """The answer; `host_started` is the thread time when this call's host work began, less what it spent
     before queueing, so `host` is the server's own per-call work: parse, validate, session work and
     serializing the answer."""
@@ -171,14 +171,14 @@ def draft_response(
         body["probs"] = probs
     runtime.metrics.draft_tokens.inc(len(tokens))
     queue_ms = 0.0 if pending is None else (pending.started - pending.arrived) * 1e3
-    response = OrjsonResponse(body)  # serializes here, so the host time below includes it
+    content = orjson.dumps(body)  # serialized here, so the host time below includes it
     host_ms = (time.thread_time() - host_started) * 1e3
-    response.headers["Server-Timing"] = (
+    timing = (
         f"queue;dur={queue_ms:.3f}, prefill;dur={result.prefill_ms:.3f}, "
         f"decode;dur={result.decode_ms:.3f}, engine;dur={result.engine_ms:.3f}, "
         f"receive;dur={call.receive_ms:.3f}, host;dur={host_ms:.3f}"
     )
-    return response
+    return Response(content, media_type="application/json", headers={"Server-Timing": timing})
 
 
 def not_ready(stage: str, reason: str | None) -> ApiError:

@@ -10,6 +10,9 @@ The price: while it drafts, the loop reads no other request and answers no healt
 expected to be short runs there: at most `max_ms`, by the costs measured at startup (a call's fixed cost,
 the decode steps it runs, and its uncached context tokens at the measured prefill rate). A cold long
 context, a long draft on a slow device, or any draft of a large model on a CPU goes to the engine thread.
+And only while clients do not overlap: the batcher stops drafting on the loop for a while after any request
+arrives while the engine is busy (drafter/batcher.py, `contended`), since concurrent clients need the loop
+to read them and the engine thread to batch them.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ class Runtime:
         self.engine_thread: EngineThread | None = None
         self.draining = False
         self.in_flight = 0  # /draft requests inside a handler; SIGTERM waits for this to reach 0
+        self.metrics.in_flight.set_function(lambda: self.in_flight)
         self.body_deadlines = BodyDeadlines(config.body_timeout_s)
         self.fatal = asyncio.Event()  # the engine could not load: the process should exit non-zero
         self.startup: asyncio.Task | None = None

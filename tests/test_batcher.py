@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from drafter import batcher as batcher_module
 from drafter.batcher import Batcher, EngineFailed
 from drafter.engine_thread import EngineThread
 from drafter.metrics import Metrics
@@ -134,6 +135,25 @@ def test_requests_arriving_in_the_same_loop_turn_batch_instead_of_one_running_in
             engine.draft([4, 5], 3),
             engine.draft([6], 1),
         ]
+
+    asyncio.run(run())
+
+
+def test_after_clients_overlap_lone_requests_go_to_the_engine_thread_for_a_while(engine, monkeypatch):
+    monkeypatch.setattr(batcher_module, "CONTENTION_COOL_DOWN_S", 0.3)
+
+    async def run():
+        batcher, sizes, threads = batcher_for(engine.draft_batch, inline=True)
+        engine_thread, loop_thread = batcher.engine_thread.thread.ident, threading.get_ident()
+        overlapping = [batcher.submit(DraftRequest([i, 2], 2), timeout_s=60) for i in (1, 3)]
+        await asyncio.wait_for(asyncio.gather(*(p.future for p in overlapping)), 10)
+        lone = batcher.submit(DraftRequest([5, 6], 2), timeout_s=60)
+        assert (await asyncio.wait_for(lone.future, 10)).tokens == engine.draft([5, 6], 2)
+        assert sizes == [2, 1] and threads == [engine_thread, engine_thread]
+        await asyncio.sleep(0.35)  # nobody overlapped since: the loop drafts a lone request again
+        again = batcher.submit(DraftRequest([5, 6, 7], 2), timeout_s=60)
+        assert (await asyncio.wait_for(again.future, 10)).tokens == engine.draft([5, 6, 7], 2)
+        assert threads[-1] == loop_thread
 
     asyncio.run(run())
 

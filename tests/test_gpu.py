@@ -5,6 +5,8 @@ Marked `gpu`: skipped on machines without CUDA (conftest), run on a GPU host wit
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -80,6 +82,28 @@ def test_graph_replay_has_no_host_sync(pair):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_graphs_captured_on_one_thread_replay_alike_on_another(pair):
+    """The server loads and captures on its engine thread, and may draft a lone short request on the event
+    loop's thread (drafter/inline.py): a replay from another thread must draft the same."""
+    _, eager = pair
+    built: list[Engine] = []
+
+    def build() -> None:
+        engine = cuda_engine(cuda_graphs=True, batch_buckets=(1, 2))
+        engine.warmup()
+        built.append(engine)
+
+    worker = threading.Thread(target=build)
+    worker.start()
+    worker.join()
+    [graphed] = built
+    for seed in (31, 32):
+        requests = requests_for(1, seed=seed)
+        assert [r.tokens for r in graphed.draft_batch(requests)] == [
+            r.tokens for r in eager.draft_batch(requests)
+        ]
 
 
 def test_compiled_graphs_equal_eager_in_bfloat16():

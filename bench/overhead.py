@@ -10,9 +10,12 @@ cache lookup, prefill, decode, readback) or, from a server that does not send it
 reported for every server: `excess vs prefill+decode` counts the engine's cache work as overhead); with
 several clients the queue wait (Server-Timing `queue`: the others' batches) is taken out too, while a lone
 client's (a batching window) counts. So `excess` is what our /draft
-path adds to a plain HTTP round trip: parse and validation, the batcher, the two hand-offs to and from the
-engine thread, the response. The same context is sent on every call (fully cached: the engine only
-decodes); `--v2` sends it once, then only `prefix_len` (a session), so the body no longer grows with it.
+path adds to a plain HTTP round trip: parse and validation, the batcher, the hand-offs to and from the
+engine thread (none where the event loop drafts a lone short request itself), the response. `draft wall` is
+the whole call as the client waits for it: compare it too, since where the loop drafts, the engine's time
+also holds what running right after the HTTP work costs it (caches), and leaves `excess` smaller for it.
+The same context is sent on every call (fully cached: the engine only decodes); `--v2` sends it once, then
+only `prefix_len` (a session), so the body no longer grows with it.
 
 Targets are `http://HOST:PORT` or `unix:/PATH` (a server's --uds socket); calls alternate between targets in
 one run, so an A/B of two servers (say, two checkouts) is fair on a shared machine. Without --targets, one
@@ -159,15 +162,15 @@ def measure(targets: list[str], tokens: list[int], k: int, calls: int, clients: 
 def table(rows: list[dict]) -> str:
     lines = [
         "| target | proto | ctx | k | clients | health | draft - engine | excess | excess vs prefill+decode "
-        "| engine | queue | mean batch |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| engine | draft wall | queue | mean batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['target']} | {r['protocol']} | {r['context_len']} | {r['num_draft_tokens']} | {r['clients']} "
             f"| {r['health_ms']:.3f} | {r['draft_minus_engine_ms']:.3f} | {r['excess_ms']:+.3f} "
             f"| {r['excess_model_ms']:+.3f} "
-            f"| {r['engine_ms']:.3f} | {r['queue_ms']:.3f} | {r['mean_batch']:.2f} |"
+            f"| {r['engine_ms']:.3f} | {r['wall_ms']:.3f} | {r['queue_ms']:.3f} | {r['mean_batch']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -13,11 +13,10 @@ thread, without the two thread hand-offs (drafter/inline.py). The batcher knows 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from drafter.draft_length import Load
@@ -54,6 +53,26 @@ class Pending:
     started: float | None = None  # when its batch went to the engine
 
 
+class Arrival:
+    """A handler reading and checking a body: a companion on its way (a class, not a generator-based
+    context manager: this is on every request)."""
+
+    __slots__ = ("batcher",)
+
+    def __init__(self, batcher: Batcher):
+        self.batcher = batcher
+
+    def __enter__(self) -> None:
+        batcher = self.batcher
+        if batcher.running or batcher.waiting:
+            batcher.contended()
+        batcher.arriving += 1
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.batcher.arriving -= 1
+        self.batcher.pump()
+
+
 class Batcher:
     def __init__(
         self,
@@ -85,17 +104,10 @@ class Batcher:
         self.close_window()
         self.fail_waiting(EngineFailed("server stopped"))
 
-    @contextlib.contextmanager
-    def arrival(self) -> Iterator[None]:
-        """Around a handler's reading and checking of a body, so an idle engine's window waits for it."""
-        if self.running or self.waiting:
-            self.contended()
-        self.arriving += 1
-        try:
-            yield
-        finally:
-            self.arriving -= 1
-            self.pump()
+    def arrival(self) -> Arrival:
+        """`with batcher.arrival():` around a handler's reading and checking of a body, so an idle engine's
+        window waits for it."""
+        return Arrival(self)
 
     def contended(self, now: float | None = None) -> None:
         """A request arrived while the engine was busy or others waited: clients overlap. While they do, a

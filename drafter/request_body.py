@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 BODY_TIMEOUT_STATUS = 408
@@ -44,17 +43,9 @@ class BodyDeadlines:
         self.active: set[asyncio.Timeout] = set()
         self.expired = False  # draining: new reads get no time either
 
-    @contextlib.asynccontextmanager
-    async def within(self) -> AsyncIterator[None]:
-        try:
-            async with asyncio.timeout(0 if self.expired else self.timeout_s) as timeout:
-                self.active.add(timeout)
-                try:
-                    yield
-                finally:
-                    self.active.discard(timeout)
-        except TimeoutError:
-            raise BodyTimeout from None
+    def within(self) -> BodyDeadline:
+        """`async with deadlines.within():` raises BodyTimeout if the block outlasts the body deadline."""
+        return BodyDeadline(self)
 
     def expire_all(self) -> None:
         self.expired = True
@@ -63,20 +54,44 @@ class BodyDeadlines:
             timeout.reschedule(now)
 
 
+class BodyDeadline:
+    """One body's deadline (a class, not a generator-based context manager: this is on every request)."""
+
+    __slots__ = ("deadlines", "timeout")
+
+    def __init__(self, deadlines: BodyDeadlines):
+        self.deadlines = deadlines
+        self.timeout = asyncio.timeout(0 if deadlines.expired else deadlines.timeout_s)
+
+    async def __aenter__(self) -> None:
+        await self.timeout.__aenter__()
+        self.deadlines.active.add(self.timeout)
+
+    async def __aexit__(self, kind, error, traceback) -> bool | None:
+        self.deadlines.active.discard(self.timeout)
+        try:
+            return await self.timeout.__aexit__(kind, error, traceback)
+        except TimeoutError:
+            raise BodyTimeout from None
+
+
 async def read_body(request: Request, max_body_bytes: int, deadlines: BodyDeadlines) -> bytes:
     """The whole body, refused as soon as the bytes read pass the cap (Content-Length may be absent or
-    wrong). Raises BodyTooLarge, BodyTimeout or ClientGone."""
+    wrong). Raises BodyTooLarge, BodyTimeout or ClientGone. (ASGI messages read directly: Starlette's
+    `stream()` would add an async generator per request.)"""
     chunks, size = [], 0
-    try:
-        async with deadlines.within():
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > max_body_bytes:
-                    raise BodyTooLarge
-                chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone from None
-    return b"".join(chunks)
+    async with deadlines.within():
+        while True:
+            message = await request.receive()
+            if message["type"] != "http.request":  # http.disconnect
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class FinishBodyBeforeAnswer:

@@ -153,13 +153,11 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
         raise not_integers from None
     except OverflowError:  # orjson reads integers up to 2**64 - 1; int64 holds less
         raise out_of_range from None
-    # One reduction in the usual case, every id in [2, vocab): array('q') takes JSON true and false for
-    # 1 and 0 (bool is an int), so only those ids need a look, and a negative id wraps past any vocabulary.
-    if (ids - 2).view(np.uint64).max() >= limits.vocab_size - 2:
-        if any(type(tokens[i]) is not int for i in np.flatnonzero(ids <= 1)):
-            raise not_integers
-        if ids.view(np.uint64).max() >= limits.vocab_size:
-            raise out_of_range
+    # array('q') takes JSON true and false for 1 and 0 (bool is an int): only those ids need a look.
+    if ids.min() <= 1 and any(type(tokens[i]) is not int for i in np.flatnonzero(ids <= 1)):
+        raise not_integers
+    if ids.view(np.uint64).max() >= limits.vocab_size:  # a negative id wraps past every vocabulary
+        raise out_of_range
     return ids
 
 

@@ -154,7 +154,7 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
     except OverflowError:  # orjson reads integers up to 2**64 - 1; int64 holds less
         raise out_of_range from None
     # array('q') takes JSON true and false for 1 and 0 (bool is an int): only those ids need a look.
-    if ids.min() <= 1 and any(type(tokens[i]) is not int for i in np.flatnonzero(ids <= 1)):
+    if any(type(tokens[i]) is not int for i in np.flatnonzero(ids <= 1)):
         raise not_integers
     if ids.view(np.uint64).max() >= limits.vocab_size:  # a negative id wraps past every vocabulary
         raise out_of_range

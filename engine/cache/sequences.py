@@ -85,10 +85,12 @@ class SequenceTable:
     def place_one(self, tokens: np.ndarray, session: str | None, num_positions: int, taken: set[int]):
         size = self.page_size
         reusable = len(tokens) - 1  # the last context token is always fed to the decode loop
-        target, own = self.hinted(tokens, session, taken)
-        # A hinted sequence holding every full page of the context leaves the index nothing to offer (a
-        # growing conversation's usual call): skip hashing and looking up its whole context.
         full_pages = reusable // size
+        target, own = self.hinted(tokens, session, taken)
+        if target is None:
+            target, own = self.continues_latest(tokens, taken, full_pages)
+        # A hinted or continued sequence holding every full page of the context leaves the index nothing to
+        # offer (a growing conversation's usual call): skip hashing and looking up its whole context.
         matched = [] if own >= full_pages * size else self.index.match(tokens, full_pages)
         if target is None:
             target, own = self.continued(tokens, matched, taken)
@@ -140,6 +142,19 @@ class SequenceTable:
         if sequence is None or id(sequence) in taken:
             return None, -1
         return sequence, common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
+
+    def continues_latest(self, tokens, taken, full_pages: int) -> tuple[Sequence | None, int]:
+        """The sequence placed last, if this request extends its last context past every full page (a lone
+        client's conversation, sessionless): no other sequence can then offer more than part of a page, so
+        neither the index nor the other sequences are searched."""
+        sequence = self.latest
+        if sequence is None or id(sequence) in taken:
+            return None, -1
+        reusable = tokens[: len(tokens) - 1]
+        reuse = common_prefix(reusable, sequence.tokens)
+        if reuse >= min(sequence.context_len, len(reusable)) and reuse >= full_pages * self.page_size:
+            return sequence, reuse
+        return None, -1
 
     def continued(self, tokens, matched, taken) -> tuple[Sequence | None, int]:
         """Without a hint: the sequence whose last context this request extends, and how many of its tokens

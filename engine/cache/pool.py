@@ -47,9 +47,10 @@ class PagePool:
     def clear_new(self, pages: list[int]) -> None:
         """Zero the pages among `pages` that were never used (one indexed write per pool tensor)."""
         pages = np.asarray(pages, dtype=np.int64)
-        new = np.unique(pages[~self.cleared[pages]])
-        if not len(new):
+        unused = ~self.cleared[pages]
+        if not unused.any():  # most calls: every page was written before
             return
+        new = np.unique(pages[unused])
         self.cleared[new] = True
         slots = torch.from_numpy((new[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1))
         slots = slots.to(self.k.device)

@@ -78,6 +78,8 @@ class PrefixIndex:
             self.parent[pages[i]] = pages[i - 1]
         if first == 0 and pages:
             self.parent[pages[0]] = NO_PARENT
+        if first >= len(tokens) // size:  # no new full page (most calls of a growing conversation)
+            return
         before = self.key_of.get(pages[first - 1]) if first else 0
         # A page not indexed (another page took its key) gives no base: then the whole prefix is hashed.
         keys = self.keys(tokens)[first:] if before is None else self.keys(tokens, first, before)

@@ -13,6 +13,11 @@ context, a long draft on a slow device, or any draft of a large model on a CPU g
 And only while clients do not overlap: the batcher stops drafting on the loop for a while after any request
 arrives while the engine is busy (drafter/batcher.py, `contended`), since concurrent clients need the loop
 to read them and the engine thread to batch them.
+
+And never for a CPU engine with more than one torch thread: torch's CPU threads are an OpenMP team per
+calling thread, so the loop drafting would start a second team beside the engine thread's, and the two
+oversubscribe the cores (measured, 2 threads on 2 cores: a 128-token call 6.9 -> 13.2 ms, and 19.6 -> 33.3
+ms with 4 clients even after the loop had stopped drafting). On CUDA the CPU side runs no parallel region.
 """
 
 from __future__ import annotations
@@ -24,6 +29,16 @@ from drafter.draft_length import DraftLengthPolicy
 from engine.requests import DraftRequest
 
 
+def effective_max_ms(configured_ms: float, device_type: str, torch_threads: int) -> tuple[float, str | None]:
+    """`--inline-max-ms` as it applies to this engine, and why it is 0 where the setting is not."""
+    if configured_ms > 0 and device_type != "cuda" and torch_threads > 1:
+        return (
+            0.0,
+            f"a CPU engine on {torch_threads} torch threads (a second OpenMP team would oversubscribe)",
+        )
+    return configured_ms, None
+
+
 @dataclass(frozen=True, slots=True)
 class InlinePolicy:
     max_ms: float  # 0: never
@@ -31,6 +46,7 @@ class InlinePolicy:
     policy: DraftLengthPolicy  # its fixed cost per call and its running step cost
     decode_steps: Callable[[int], int]  # the loop's steps for a draft of k tokens
     expected_prefill: Callable[[DraftRequest], int]  # uncached context tokens; read while the engine is idle
+    off_because: str | None = None  # why max_ms is 0 though the setting is not
 
     def expected_ms(self, request: DraftRequest) -> float:
         return (
@@ -43,4 +59,7 @@ class InlinePolicy:
         return self.max_ms > 0 and self.expected_ms(request) <= self.max_ms
 
     def describe(self) -> dict:
-        return {"max_ms": self.max_ms, "prefill_token_ms": round(self.prefill_token_ms, 5)}
+        described = {"max_ms": self.max_ms, "prefill_token_ms": round(self.prefill_token_ms, 5)}
+        if self.off_because:
+            described["off_because"] = self.off_because
+        return described

@@ -18,7 +18,7 @@ from drafter.batcher import Batcher
 from drafter.config import ServerConfig
 from drafter.draft_length import DraftCost, DraftLengthPolicy
 from drafter.engine_thread import EngineThread
-from drafter.inline import InlinePolicy
+from drafter.inline import InlinePolicy, effective_max_ms
 from drafter.metrics import Metrics
 from drafter.request_body import BodyDeadlines
 from drafter.sessions import SessionTable
@@ -85,7 +85,9 @@ class Runtime:
                     config.model,
                 )
             snapshot = await self.engine_thread.run(engine.warmup)
-            costs = await self.engine_thread.run(startup_costs.measure, engine, config.inline_max_ms)
+            threads = await self.engine_thread.run(torch.get_num_threads)
+            inline_ms, inline_off = effective_max_ms(config.inline_max_ms, engine.device.type, threads)
+            costs = await self.engine_thread.run(startup_costs.measure, engine, inline_ms)
         except Exception as error:  # noqa: BLE001 - anything here means nothing can be served
             if self.lifecycle.state is not State.FAILED:
                 self.lifecycle.fail(f"{type(error).__name__}: {error}")
@@ -115,13 +117,16 @@ class Runtime:
             config.max_seq_len,
         )
         self.inline = InlinePolicy(
-            config.inline_max_ms,
+            inline_ms,
             costs.prefill_token_ms,
             self.speculation.policy,
             engine.decode_steps,
             engine.expected_prefill,
+            inline_off,
         )
-        if config.num_threads is not None:  # torch's thread count is per thread: the loop may draft too
+        if (
+            inline_ms > 0 and config.num_threads is not None
+        ):  # a thread's count is its own: the loop drafts too
             torch.set_num_threads(config.num_threads)
         self.batcher = Batcher(
             self.engine_thread,

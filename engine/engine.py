@@ -1,7 +1,8 @@
 """The drafting engine: token ids in, greedy draft token ids out.
 
-It owns the model, the paged KV cache (the page pool and the sequence table over it) and runs on one thread
-that owns the device (compiled and graph-captured code is not thread-safe). A batch of requests is served
+It owns the model, the paged KV cache (the page pool and the sequence table over it) and is called by one
+thread at a time (compiled and graph-captured code is not thread-safe; the server's engine thread, or its
+event loop for a lone short draft while that thread is idle). A batch of requests is served
 as: place each on a sequence and keep the longest cached prefix (its own, or any conversation's full pages),
 prefill only the new tokens, then one k-step greedy decode loop for the whole batch with a single host sync
 at the end. The engine knows nothing of HTTP or tokenizers.

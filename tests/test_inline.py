@@ -10,7 +10,7 @@ import pytest
 
 from drafter import startup_costs
 from drafter.draft_length import DraftCost, DraftLengthPolicy
-from drafter.inline import InlinePolicy
+from drafter.inline import InlinePolicy, effective_max_ms
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests import DraftRequest
@@ -65,3 +65,12 @@ def test_a_cached_context_runs_inline_where_a_long_fresh_one_does_not(engine):
     between = (estimate.expected_ms(short) + estimate.expected_ms(long)) / 2
     assert inline_policy(between)(short) and not inline_policy(between)(long)
     assert not inline_policy(0)(short)  # 0 turns it off
+
+
+def test_a_multithreaded_cpu_engine_never_drafts_on_the_loop():
+    """A second thread running torch would start a second OpenMP team beside the engine thread's."""
+    assert effective_max_ms(10.0, "cpu", 1) == (10.0, None)
+    assert effective_max_ms(10.0, "cuda", 16) == (10.0, None)
+    off, why = effective_max_ms(10.0, "cpu", 4)
+    assert off == 0.0 and "4 torch threads" in why
+    assert effective_max_ms(0.0, "cpu", 4) == (0.0, None)  # off by the setting: nothing to explain

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import httpx
 import pytest
 
+from drafter.batcher import CONTENTION_COOL_DOWN_S
 from engine.requests import DraftRequest
 from tests.server_process import MAIN_ARGS, MAIN_SIZES, draft_body, main_oracle, metric_value, shared_server
 
@@ -112,12 +114,16 @@ def test_draft_64_concurrent_clients_get_their_own_drafts_in_batches(client, url
 
 
 def test_a_lone_short_draft_is_drafted_on_the_event_loop_and_said_so(client, oracle):
+    inline = client.get("/info").json()["server"]["inline"]
+    time.sleep(CONTENTION_COOL_DOWN_S + 0.2)  # other tests' concurrent clients keep it off for a while
     tokens = random_context(random.Random(6), 30)
     before = metric_value(client.get("/metrics").text, "drafter_inline_batches_total")
     assert client.post("/draft", json=draft_body(tokens, 4)).json()["tokens"] == oracle.draft(tokens, 4)
-    assert metric_value(client.get("/metrics").text, "drafter_inline_batches_total") == before + 1
-    inline = client.get("/info").json()["server"]["inline"]
-    assert inline["max_ms"] == 10.0 and 0 < inline["prefill_token_ms"] < 1
+    drafted_inline = metric_value(client.get("/metrics").text, "drafter_inline_batches_total") - before
+    if "off_because" in inline:  # a CPU engine on several torch threads (a machine with more cores)
+        assert inline["max_ms"] == 0 and drafted_inline == 0
+    else:
+        assert inline["max_ms"] == 10.0 and 0 < inline["prefill_token_ms"] < 1 and drafted_inline == 1
 
 
 def test_info_describes_the_served_model(client):

@@ -124,9 +124,7 @@ class Runtime:
             engine.expected_prefill,
             inline_off,
         )
-        if (
-            inline_ms > 0 and config.num_threads is not None
-        ):  # a thread's count is its own: the loop drafts too
+        if inline_ms > 0 and config.num_threads is not None:  # each thread has its own count
             torch.set_num_threads(config.num_threads)
         self.batcher = Batcher(
             self.engine_thread,

@@ -9,7 +9,8 @@ In order, each step only if the budget (`--budget-s`) still holds it, else recor
    (weight-only first), each attention path (`sdpa`, `flex`), in-process and then over HTTP (a spawned
    server): growing conversations at 2k, 8k and 32k context, k = 4 and 16, 1 and 4 clients, per-call
    p50/p90/p99, ms per decode step, the bandwidth floor; per engine its warmup and capture time, graph
-   memory, kernels per graph replay (torch.profiler) and recompiles after warmup (must be 0).
+   memory, kernels per graph replay (torch.profiler) and recompiles after warmup (must be 0); per server
+   what a call costs beyond the engine and a health round trip (bench/overhead.py, one client, 128 and 2k).
 Writes `device_check.json`, `device_check.md` and `device_check.png` into DIR and prints the table. The
 cases are driven by bench/runners.py over bench/workload.py's conversations, as bench/latency.py's are.
 """
@@ -29,10 +30,11 @@ import httpx
 import numpy as np
 import torch
 
-from bench import machine, report, runners
+from bench import machine, overhead, report, runners
 from bench.latency import conversations
 from bench.server import REPO, ServerProcess
 from bench.workload import longest_context
+from drafter.batcher import CONTENTION_COOL_DOWN_S
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
 from engine.loader import load_model
@@ -42,6 +44,8 @@ PROFILES = {  # model, contexts, draft lengths, concurrency, measured calls per 
     "device": ("qwen3-0.6b-random", (2048, 8192, 32768), (4, 16), (1, 4), 20),
     "smoke": ("tiny", (96,), (4, 16), (1, 4), 2),
 }
+OVERHEAD_CONTEXTS = (128, 2048)  # bench/overhead.py's, within the server's context
+OVERHEAD_FIELDS = ("context_len", "health_ms", "excess_ms", "engine_ms", "wall_ms")
 MODES = ("weight-only", "dynamic")  # export modes, in the order they are measured
 ATTENTION_PATHS = ("sdpa", "flex")
 
@@ -211,9 +215,22 @@ def over_http(args, checkpoint: str, attention: str, budget, floors, case_s) -> 
             return runners.run_http(server.url, convs, case["num_draft_tokens"], args.calls, {}, "h"), {}
 
         rows = measure(args, f"{Path(checkpoint).name} {attention} http", run, budget, floors, case_s)
+        found = re.search(r"^drafter_recompiles_total (\S+)$", httpx.get(f"{server.url}/metrics").text, re.M)
+        # What a call costs beyond the engine and a health round trip, from a lone client (so a short draft
+        # runs on the event loop: the path drafter/inline.py is for), k = 1 on a cached context.
+        time.sleep(CONTENTION_COOL_DOWN_S)  # after the 4-client cases, the loop drafts again only then
+        costs = []
+        for length in sorted({min(n, cfg["max_seq_len"] - 2) for n in OVERHEAD_CONTEXTS}):
+            tokens = overhead.context_tokens(length)
+            costs += overhead.measure([server.url], tokens, 1, 10 * args.calls, 1, False)
         metrics = httpx.get(f"{server.url}/metrics").text
-    found = re.search(r"^drafter_recompiles_total (\S+)$", metrics, re.MULTILINE)
-    return rows, {"recompiles_after_warmup": float(found[1]) if found else None}
+    inline = re.search(r"^drafter_inline_batches_total (\S+)$", metrics, re.MULTILINE)
+    facts = {
+        "recompiles_after_warmup": float(found[1]) if found else None,
+        "overhead": [{k: row[k] for k in OVERHEAD_FIELDS} for row in costs],
+        "inline_batches": float(inline[1]) if inline else None,
+    }
+    return rows, facts
 
 
 COLUMNS = [("variant", "{}"), ("context_len", "{}"), ("num_draft_tokens", "{}"), ("concurrency", "{}"),
@@ -235,6 +252,12 @@ def markdown(rows: list[dict], engines: dict, skipped: list[str]) -> str:
                  f"{facts['kernels_per_step']:.0f}" if facts.get("kernels_per_step") else "",
                  str(facts.get("recompiles_after_warmup"))]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| engine | context | health RTT ms | excess ms | engine ms | draft wall ms | inline batches |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, facts in engines.items():
+        for row in facts.get("overhead", []):
+            cells = [name, str(row["context_len"]), *(f"{row[k]:.3f}" for k in OVERHEAD_FIELDS[1:])]
+            lines.append("| " + " | ".join([*cells, str(facts["inline_batches"])]) + " |")
     lines += [f"\nskipped: {why}" for why in skipped]
     return "\n".join(lines)
 

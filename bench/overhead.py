@@ -159,6 +159,10 @@ def measure(targets: list[str], tokens: list[int], k: int, calls: int, clients: 
     return rows
 
 
+def context_tokens(length: int) -> list[int]:
+    return [1 + i % 1000 for i in range(length)]  # within every preset's vocabulary
+
+
 def table(rows: list[dict]) -> str:
     lines = [
         "| target | proto | ctx | k | clients | health | draft - engine | excess | excess vs prefill+decode "
@@ -200,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         for clients in (int(c) for c in args.clients.split(",")):
             for v2 in (False, True) if args.v2 else (False,):
                 for context_len in contexts:
-                    tokens = [1 + i % 1000 for i in range(context_len)]  # within every preset's vocabulary
-                    rows += measure(targets, tokens, args.k, args.calls, clients, v2)
+                    rows += measure(targets, context_tokens(context_len), args.k, args.calls, clients, v2)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

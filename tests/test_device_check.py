@@ -32,8 +32,20 @@ def test_device_check_smoke_runs_every_step_and_writes_its_report(tmp_path):
         assert row["calls"] == 2 * row["concurrency"]
     assert all(row["ms_per_step"] > 0 for row in rows if "in-process" in row["variant"])
     assert all(facts["recompiles_after_warmup"] == 0 for facts in result["engines"].values())
+    for name, facts in result["engines"].items():  # the HTTP path's own cost, from a lone client
+        if name.endswith("http"):
+            assert [row["context_len"] for row in facts["overhead"]] == [
+                128,
+                result["args"]["max_seq_len"] - 2,
+            ]
+            assert all(
+                row["wall_ms"] > row["engine_ms"] > 0 and row["health_ms"] > 0 for row in facts["overhead"]
+            )
+    # The sdpa engine drafts in ~1 ms on a CPU, so a lone client's calls ran on the loop (flex takes ~12).
+    assert result["engines"]["fp8-weight-only sdpa http"]["inline_batches"] > 0
     table = (out / "device_check.md").read_text()
     assert "| fp8-weight-only flex http | 96 | 16 | 4 |" in table and table.strip() in done.stdout
+    assert "| fp8-weight-only sdpa http | 128 |" in table
     assert (out / "device_check.png").stat().st_size > 0
 
 

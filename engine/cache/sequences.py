@@ -125,16 +125,14 @@ class SequenceTable:
         return Placement(sequence, reuse, shared, evicted)
 
     def reuse_estimate(self, tokens: np.ndarray, session: str | None) -> int:
-        """About how many of the context's tokens `place` would find cached, from the sequence its session
-        names, else the one placed last: at most two comparisons, no hashing (the prefix index may find
-        more; a partly reused page held by another sequence may cost up to a page less). For deciding where a
-        request runs, never for placing it; read only while no batch is being placed."""
-        sequence = self.by_session.get(session) if session is not None else None
-        if sequence is None:
-            sequence = self.latest
-        if sequence is None:
-            return 0
-        return common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
+        """About how many of the context's tokens `place` would find cached, by its cheap paths only: the
+        sequence the session names, or the one placed last if the request continues it (no hashing: the
+        prefix index may find more). For deciding where a request runs, never for placing it; read only
+        while no batch is being placed."""
+        target, own = self.hinted(tokens, session, set())
+        if target is None:
+            target, own = self.continues_latest(tokens, set(), 0)
+        return max(own, 0)
 
     def hinted(self, tokens, session, taken) -> tuple[Sequence | None, int]:
         """The sequence the request's session hint names, and how many of its tokens the request reuses."""

@@ -35,7 +35,7 @@ def greedy_step(
     query_positions = positions[:, None]  # [B, 1]
     write_index = page_table.gather(1, query_positions // page_size) * page_size + query_positions % page_size
     if attention == "flex":
-        reads = FlexReads(page_table, inverse, query_positions, page_size, cache[0].shape[1])
+        reads = FlexReads(page_table, inverse, query_positions, page_size, cache[0][0].shape[0])
     else:
         slots = view if view is not None else gather_slots(page_table, kv_len, page_size)
         reads = SdpaReads(slots, query_positions, kv_len)

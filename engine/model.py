@@ -132,7 +132,7 @@ class Qwen3(nn.Module):
         write_index: torch.Tensor,  # [B, S] flat pool slot of each token
         reads,  # SdpaReads | FlexReads (engine/attention.py)
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [max_positions, head_dim]
-        cache: tuple[torch.Tensor, torch.Tensor],  # k, v: [layers, pool_len, kv_heads, head_dim]
+        cache,  # k, v: one [pool_len, kv_heads, head_dim] tensor per layer each (engine/cache/pool.py)
     ) -> torch.Tensor:  # [B, S, hidden]
         x = self.model.embed_tokens(input_ids)
         cos = rope[0][positions].unsqueeze(2).to(x.dtype)

@@ -45,7 +45,7 @@ def contiguous(pages: list[int], num_positions: int, page_size: int) -> slice | 
 def prefill(model: Qwen3, rows: list[PrefillRow], chunk: int, page_size: int, rope, cache) -> int:
     """Run the passes; returns how many forward passes it took."""
     done = [0] * len(rows)
-    device = cache[0].device
+    device = cache[0][0].device  # layer 0's keys
     passes = 0
     while True:
         active = [i for i, row in enumerate(rows) if done[i] < len(row.tokens)]

@@ -131,8 +131,8 @@ def test_prefix_index_never_trusts_a_key_alone():
 def test_never_written_memory_is_never_read_as_nan(oracle):
     model, directory = oracle
     engine = paged_engine(directory)
-    engine.pool.k[:, engine.config.page_size :] = float("nan")  # what uninitialised memory may hold
-    engine.pool.v[:, engine.config.page_size :] = float("nan")
+    for layer in (*engine.pool.k, *engine.pool.v):
+        layer[engine.config.page_size :] = float("nan")  # what uninitialised memory may hold
     context = context_of(70, 50)
     for _ in range(3):
         drafts = engine.draft(context, 8)

@@ -21,6 +21,14 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 ATTENTION_PATHS = ("sdpa", "flex")
+# The block mask's query block: every decode step's queries lie in one block, and 128 is a multiple of each
+# BLOCK_M inductor's flex kernels choose (decoding: max(16, next_pow2(seq x GQA group)); the main kernel:
+# 32-128 by device and dtype), so no kernel refuses the mask. Its key block is one page, which each kernel
+# must read in BLOCK_N-wide tiles that divide it: the main kernel's tables pick up to 128 (bf16, head_dim 64,
+# sm90+), so both kernels are told 64, and CUDA's page sizes are multiples of 64 (engine/config.py).
+# tests/test_flex_blocks.py checks these against torch's own config tables.
+FLEX_Q_BLOCK = 128
+FLEX_KERNEL_OPTIONS = {"BLOCK_N": 64}
 
 
 class SdpaReads:
@@ -40,13 +48,16 @@ class SdpaReads:
             keys, values = k_pool[self.slots].unsqueeze(0), v_pool[self.slots].unsqueeze(0)
         else:
             keys, values = k_pool[self.slots], v_pool[self.slots]  # gathered copies: [B, kv_len, kv_heads, D]
-        return F.scaled_dot_product_attention(
-            q,
-            keys.transpose(1, 2).to(q.dtype),
-            values.transpose(1, 2).to(q.dtype),
-            attn_mask=self.mask,
-            enable_gqa=q.shape[1] != keys.shape[2],
-        )
+        keys, values = keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype)
+        group = q.shape[1] // keys.shape[1]
+        if q.is_cuda and group > 1:
+            # CUDA's SDPA does GQA (`enable_gqa`) only in its flash and math kernels, and flash takes no
+            # mask: a masked GQA call runs the math kernel, which materializes fp32 scores (~2 GiB per
+            # layer for a 512-token chunk against 32k keys). Keys and values expanded to the query heads
+            # make the memory-efficient kernel eligible, for a copy of group x the keys read.
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+            group = 1
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, enable_gqa=group > 1)
 
 
 def gather_slots(page_table: torch.Tensor, kv_len: int, page_size: int) -> torch.Tensor:
@@ -80,7 +91,7 @@ class FlexReads:
         self.block_mask = BlockMask.from_kv_blocks(
             kv_num_blocks,
             kv_indices,
-            BLOCK_SIZE=(max(seq, 16), page_size),
+            BLOCK_SIZE=(FLEX_Q_BLOCK, page_size),
             mask_mod=mask_mod,
             seq_lengths=(seq, pool_len),
             compute_q_blocks=False,
@@ -90,7 +101,12 @@ class FlexReads:
         keys = k_pool.unsqueeze(0).transpose(1, 2)  # [1, kv_heads, pool_len, D], a view
         values = v_pool.unsqueeze(0).transpose(1, 2)
         return flex_attention(
-            q, keys.to(q.dtype), values.to(q.dtype), block_mask=self.block_mask, enable_gqa=True
+            q,
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            block_mask=self.block_mask,
+            enable_gqa=True,
+            kernel_options=FLEX_KERNEL_OPTIONS,
         )
 
 

@@ -143,6 +143,11 @@ class EngineConfig:
             raise ConfigError(f"attention must be 'sdpa' or 'flex', got {self.attention!r}")
         if not isinstance(self.page_size, int) or self.page_size < 16 or self.page_size % 16:
             raise ConfigError(f"page_size must be a positive multiple of 16, got {self.page_size!r}")
+        if self.attention == "flex" and self.device.startswith("cuda") and self.page_size % 64:
+            # FlexAttention's main CUDA kernel reads 64-wide key blocks; a page is one block (attention.py)
+            raise ConfigError(
+                f"flex attention on CUDA needs page_size a multiple of 64, got {self.page_size}"
+            )
         if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
             raise ConfigError(f"kv_cache_gb must be positive, got {self.kv_cache_gb!r}")
         tiers = self.draft_length_tiers

@@ -48,7 +48,7 @@ def test_warmup_without_compile_goes_straight_to_ready():
 
 
 def test_warmup_falls_back_to_eager_when_compile_fails(monkeypatch):
-    def broken(step, num_shapes):
+    def broken(step, num_shapes, **options):
         raise RuntimeError("no C++ compiler")
 
     monkeypatch.setattr(engine.compile, "compiled", broken)

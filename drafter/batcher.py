@@ -259,7 +259,7 @@ class Batcher:
         self.pump()
 
     def record(self, batch: list[Pending], results: list[DraftResult]) -> None:
-        self.on_decode(results[0].decode_ms, max(p.request.num_draft_tokens for p in batch))
+        self.on_decode(results[0].decode_ms, results[0].num_steps)  # the steps that ran, not the k asked
         metrics = self.metrics
         for pending in batch:
             metrics.queue_wait_seconds.observe(pending.started - pending.arrived)

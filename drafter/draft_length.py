@@ -2,10 +2,12 @@
 k that maximizes the target's tokens per unit of time under the server's current load.
 
 Why this objective: one speculative round costs the target one verify pass (`target_verify_ms`, a setting:
-only the operator knows the target) plus the wait for our draft (`draft_base_ms + k * step_ms`, measured at
-startup), and yields `1 + E[accepted | k]` tokens (the accepted drafts plus the target's own token). With a
+only the operator knows the target) plus the wait for our draft (`draft_base_ms + steps(k) * step_ms`, measured
+at startup), and yields `1 + E[accepted | k]` tokens (the accepted drafts plus the target's own token). With a
 per-token acceptance p, `E[accepted | k] = p + p^2 + ... + p^k`. Leviathan et al.'s speedup analysis
-maximizes exactly this ratio; k = 0 costs only the verify pass and yields one token.
+maximizes exactly this ratio; k = 0 costs only the verify pass and yields one token. `steps(k)` is the
+engine's own count (engine/tiers.py): k eagerly, k + 1 on compiled paths, and under CUDA graphs the
+smallest captured tier >= k plus one, so k = 5 costs what k = 8 does and the policy drafts 8 instead.
 
 Why one p and not one per position: a draft stops at its first rejection, so a per-position estimate never
 sees positions past it; after acceptance drops, the deep positions would keep their old optimism and hold k
@@ -24,6 +26,7 @@ nothing, and one draft step is cheap next to a verify pass. This module knows no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +65,7 @@ class DraftCost:
 
     target_verify_ms: float
     draft_base_ms: float  # a draft call's fixed cost (prefill of the new tokens, loop set-up, host work)
-    step_ms: float  # one more decode step
+    step_ms: float  # one decode step
 
     def __post_init__(self):
         if not self.target_verify_ms > 0:
@@ -78,12 +81,20 @@ class Load:
 
 
 class DraftLengthPolicy:
-    def __init__(self, cost: DraftCost, max_draft_tokens: int, max_batch_size: int, max_queue_depth: int):
+    def __init__(
+        self,
+        cost: DraftCost,
+        max_draft_tokens: int,
+        max_batch_size: int,
+        max_queue_depth: int,
+        decode_steps: Callable[[int], int] = lambda k: k,  # steps the engine's loop runs for k drafts
+    ):
         if max_queue_depth < 0:
             raise DraftLengthConfigError(f"auto max queue depth must be >= 0, got {max_queue_depth}")
         self.cost, self.max_draft_tokens = cost, max_draft_tokens
         self.max_batch_size, self.max_queue_depth = max_batch_size, max_queue_depth
         self.step_ms = cost.step_ms  # refined by every batch: a startup measure on a busy host is noisy
+        self.steps = np.array([decode_steps(k) for k in range(1, max_draft_tokens + 1)], dtype=np.float64)
 
     def observe(self, decode_ms: float, num_steps: int) -> None:
         """A batch's decode loop took decode_ms for num_steps steps."""
@@ -99,13 +110,14 @@ class DraftLengthPolicy:
         step_ms = self.step_ms * (1.0 + (load.queue_depth + load.running) / self.max_batch_size)
         expected = np.cumsum(np.full(limit, acceptance.p).cumprod())  # E[accepted | k] for k = 1..limit
         ks = np.arange(1, limit + 1)
-        rate = (1.0 + expected) / (cost.target_verify_ms + cost.draft_base_ms + ks * step_ms)
+        rate = (1.0 + expected) / (cost.target_verify_ms + cost.draft_base_ms + self.steps[:limit] * step_ms)
         return int(ks[np.argmax(rate)])  # argmax takes the shortest k among equals
 
     def describe(self) -> dict:
         cost = self.cost
         return {
-            "objective": "max (1 + E[accepted | k]) / (target_verify_ms + draft_base_ms + k * step_ms)",
+            "objective": "max (1 + E[accepted | k]) / (target_verify_ms + draft_base_ms + steps(k) * step_ms)",
+            "steps_by_k": [int(s) for s in self.steps],
             "target_verify_ms": cost.target_verify_ms,
             "draft_base_ms": round(cost.draft_base_ms, 4),
             "step_ms": round(self.step_ms, 4),

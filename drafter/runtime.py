@@ -43,7 +43,6 @@ class Runtime:
         self.batcher: Batcher | None = None
         self.speculation: Speculation | None = None
         self.inline: InlinePolicy | None = None
-        self.replays_whole_loop = False
         self.engine_thread: EngineThread | None = None
         self.draining = False
         self.in_flight = 0  # /draft requests inside a handler; SIGTERM waits for this to reach 0
@@ -96,7 +95,6 @@ class Runtime:
             return
         self.engine = engine
         self.metrics.watch_cache(engine)
-        self.replays_whole_loop = bool(engine.info()["cuda_graphs"])
         self.limits = Limits(
             vocab_size=engine.loaded.config.vocab_size,
             max_seq_len=config.max_seq_len,
@@ -111,6 +109,7 @@ class Runtime:
                 config.max_draft_tokens,
                 config.max_batch_size,
                 config.auto_zero_queue_depth,
+                engine.decode_steps,
             ),
             self.metrics,
             config.max_draft_tokens,
@@ -148,8 +147,6 @@ class Runtime:
         )
 
     def observe_decode(self, decode_ms: float, num_steps: int) -> None:
-        if self.replays_whole_loop:  # CUDA graphs run every step whatever k was asked (no tiers yet)
-            num_steps = self.config.max_draft_tokens
         self.speculation.policy.observe(decode_ms, num_steps)
 
     def on_engine_failure(self, error: BaseException) -> None:

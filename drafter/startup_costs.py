@@ -17,14 +17,15 @@ PREFILL_PROBE_TOKENS = 512  # long enough that a prefill's fixed cost is a small
 
 @dataclass(frozen=True, slots=True)
 class StartupCosts:
-    base_ms: float  # a draft call's fixed cost
-    step_ms: float  # one more decode step
+    base_ms: float  # a draft call's fixed cost, without its decode steps
+    step_ms: float  # one decode step
     prefill_token_ms: float  # one more uncached context token; inf where not measured (see `measure`)
 
 
 def measure(engine: Engine, inline_max_ms: float, repeats: int = 5) -> StartupCosts:
     """The fixed and per-step cost from the fastest of a few drafts at k = 1 and k = max over an already
-    cached context; the prefill rate from two fresh contexts, only where a short draft could run inline at
+    cached context, each divided by the steps the engine's loop ran for it (a captured tier plus the step
+    ahead under CUDA graphs: 5 and 17 for k = 1 and 16 with tiers 4, 8, 16); the prefill rate from two fresh contexts, only where a short draft could run inline at
     all (on a CPU with a large model a prefill probe would take seconds and decide nothing)."""
     max_k = engine.config.max_draft_tokens
     vocab = engine.loaded.config.vocab_size
@@ -37,8 +38,9 @@ def measure(engine: Engine, inline_max_ms: float, repeats: int = 5) -> StartupCo
         return min(r.prefill_ms + r.decode_ms for r in results)
 
     one, longest = fastest(1), fastest(max_k)
-    step_ms = max(longest - one, 0.0) / max(max_k - 1, 1)
-    base_ms = max(one - step_ms, 0.0)
+    steps_one, steps_longest = engine.decode_steps(1), engine.decode_steps(max_k)
+    step_ms = max(longest - one, 0.0) / max(steps_longest - steps_one, 1)
+    base_ms = max(one - steps_one * step_ms, 0.0)
     prefill_token_ms = math.inf
     if inline_max_ms > 0 and one <= inline_max_ms:
         probe = min(PREFILL_PROBE_TOKENS, engine.config.max_seq_len - max_k - 1)

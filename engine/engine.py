@@ -44,6 +44,8 @@ class Engine:
         self.loaded = loaded
         self.model = loaded.model
         self.lifecycle = lifecycle or Lifecycle()
+        for why in loaded.fallbacks:
+            self.lifecycle.fall_back(why)
         self.device = torch.device(config.device)
         model_config, dtype = loaded.config, DTYPES[config.dtype]
         # Eager on the CPU: decode-speed linears (engine/cpu_linears.py). The GPU keeps the model as loaded,
@@ -109,9 +111,16 @@ class Engine:
         """The kv_len values static-shape loops are built for: sdpa's power-of-two spans, or flex's one."""
         return (0,) if self.flex_pages else self.config.kv_buckets
 
-    def compile(self) -> None:
+    def compile(self, backend="inductor") -> None:
+        """Compile the decode step and run every shape warmup covers once (a graph per batch bucket and
+        span); `backend` is for tests that trace the graphs."""
         try:
-            step = compile_step.compiled(self.step, num_shapes=len(self.buffers) * len(self.spans))
+            step = compile_step.compiled(
+                self.step,
+                num_shapes=len(self.buffers) * len(self.spans),
+                static=self.flex_pages is not None,
+                backend=backend,
+            )
             for bucket in self.buffers.values():
                 for kv_len in self.spans:
                     self.reset_buffers(bucket)
@@ -270,6 +279,7 @@ class Engine:
                 decode_ms=(decoded - prefilled) * 1e3,
                 engine_ms=engine_ms,
                 shared=placement.shared,
+                num_steps=num_steps,
             )
             for request, context, placement, draft, prob in zip(
                 requests, contexts, placements, drafts, probs, strict=True
@@ -291,7 +301,8 @@ class Engine:
     def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, view=None) -> None:
         if self.graphs is not None:
             self.graphs.replay(buffers.bucket, kv_len, num_steps)
-        else:
+            return
+        with self.recompiles.watching():
             run_loop(
                 self.step, buffers, num_steps, kv_len, self.rope, self.pool.tensors, view, self.flex_pages
             )

@@ -35,6 +35,7 @@ class DraftResult:
     decode_ms: float  # of the whole batch
     engine_ms: float = 0.0  # the whole batch's call: cache lookup, prefill, decode, readback, bookkeeping
     shared: int = 0  # of `cached`, tokens found on other conversations' pages (the prefix index)
+    num_steps: int = 0  # decode steps the batch's loop ran (a captured tier plus the step ahead: >= k)
 
 
 @dataclass(slots=True)

@@ -4,10 +4,14 @@ buckets, attention spans, a stand-in that replays loops by running them), which 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import engine.engine as engine_module
+from drafter import startup_costs
+from drafter.draft_length import Acceptance, DraftCost, DraftLengthPolicy, Load
 from engine.config import ConfigError, EngineConfig
 from engine.decode import run_loop
 from engine.engine import Engine
@@ -110,3 +114,28 @@ def test_a_graphed_batch_runs_the_tier_of_its_largest_k(hf_checkpoint, one_threa
         hf_greedy(model, c, k) for c, k in zip(contexts, (2, 6, 3), strict=True)
     ]
     assert served.graphs.calls == [(4, 128, 9)]  # bucket 4 (3 rows padded), span 128, tier 8 + 1
+
+
+def test_step_costs_are_learned_per_step_that_ran(hf_checkpoint, one_thread):
+    """Under graphs a k = 1 call runs tier 4 + 1 = 5 steps and k = 16 runs 17: the startup measure and the
+    running estimate divide by those, not by k (which made step_ms ~3x too low and `"auto"` over-draft)."""
+    _, directory = hf_checkpoint("gqa2-untied")
+    served = static_engine(directory, graphed=True)
+    real = served.draft_batch
+
+    def timed_by_steps(requests):  # 2 ms a step and 0.5 ms besides, whatever this machine's speed
+        return [dataclasses.replace(r, decode_ms=2.0 * r.num_steps, prefill_ms=0.5) for r in real(requests)]
+
+    served.draft_batch = timed_by_steps
+    assert [served.decode_steps(k) for k in (1, 4, 5, 16)] == [5, 5, 9, 17]
+    costs = startup_costs.measure(served, inline_max_ms=0, repeats=1)
+    assert costs.step_ms == pytest.approx(2.0) and costs.base_ms == pytest.approx(0.5)
+
+    policy = DraftLengthPolicy(DraftCost(25.0, costs.base_ms, 1.0), 16, 4, 4, served.decode_steps)
+    [result] = served.draft_batch([DraftRequest(list(range(1, 40)), 5)])
+    assert result.num_steps == 9 == served.graphs.calls[-1][2]
+    for _ in range(200):
+        policy.observe(result.decode_ms, result.num_steps)
+    assert policy.step_ms == pytest.approx(2.0, rel=1e-3)
+    # k = 5 costs a whole tier-8 loop: the policy never picks a k that pays for steps it does not use
+    assert policy.choose(Acceptance(9.0, 1.0), Load(0, 0), room=100) in (4, 8, 16)

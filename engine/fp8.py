@@ -108,6 +108,22 @@ def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x_q, scale
 
 
+def servable_quantization(quantization: str, device) -> tuple[str, str | None]:
+    """The quantization this device serves a checkpoint with, and why, if not the one it declares:
+    fp8-dynamic multiplies fp8 by fp8 in `torch._scaled_mm`, which CUDA runs on sm89+ only (Ada, Hopper and
+    later; warmup would fail below). There the same fp8 weights serve weight-only (activations unquantized)."""
+    device = torch.device(device)
+    if quantization != "fp8-dynamic" or device.type != "cuda":
+        return quantization, None
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) >= (8, 9):
+        return quantization, None
+    return "fp8-weight-only", (
+        f"fp8-dynamic needs torch._scaled_mm's fp8 kernels (CUDA sm89+); this GPU is sm{major}{minor}: "
+        "serving the checkpoint's fp8 weights weight-only, activations unquantized"
+    )
+
+
 def swap_fp8_linears(model: nn.Module, quantization: str) -> nn.Module:
     """Replace every decoder linear of our Qwen3 with an FP8 module of the same shape, on the same device."""
     if quantization not in QUANTIZATIONS:

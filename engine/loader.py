@@ -35,6 +35,9 @@ class LoadedModel:
     quantization: str  # "none" | "fp8-weight-only" | "fp8-dynamic"
     source: str
     is_random_preset: bool  # a preset, or a checkpoint exported from one (RANDOM_WEIGHTS_KEY)
+    fallbacks: tuple[
+        str, ...
+    ] = ()  # what this device cannot run as the checkpoint asks, and what runs instead
 
 
 def read_hf_config(directory: Path) -> dict:
@@ -118,6 +121,7 @@ def load_model(
     source: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LoadedModel:
     """Load a preset name (`tiny`, `bench-cpu`) or an HF-layout directory of Qwen3 weights."""
+    fallbacks: tuple[str, ...] = ()
     if is_preset(source):
         config, quantization = PRESETS[source], "none"
         tensors = preset_state_dict(source)
@@ -131,9 +135,14 @@ def load_model(
             raise LoadError(f"{directory}: {error}") from None
         quantization = "none"
         if "quantization_config" in hf:
-            from engine.fp8 import quantization_from_config
+            from engine.fp8 import quantization_from_config, servable_quantization
 
-            quantization = quantization_from_config(hf["quantization_config"])
+            quantization, why = servable_quantization(
+                quantization_from_config(hf["quantization_config"]), device
+            )
+            if why:
+                log.warning("%s", why)
+                fallbacks = (why,)
         tensors = read_tensors(checkpoint_files(directory))
         random_weights = hf.get(RANDOM_WEIGHTS_KEY) is True
     model = build_empty(config, quantization)
@@ -147,4 +156,4 @@ def load_model(
         raise LoadError(f"tensors left unassigned after loading: {leftover[:3]}")
     model.eval().requires_grad_(False)
     log.info("loaded %s (%s, %s) on %s", source, quantization, dtype, device)
-    return LoadedModel(model, config, quantization, source, is_random_preset=random_weights)
+    return LoadedModel(model, config, quantization, source, random_weights, fallbacks)

@@ -81,3 +81,25 @@ def test_buckets_and_spans_cover_every_request():
     config = EngineConfig(max_seq_len=1000, max_batch_size=6, batch_buckets=(1, 2, 4, 8))
     assert config.buckets == (1, 2, 4, 6)
     assert config.kv_buckets == (256, 512, 1016) and config.cache_len == 1016
+
+
+def test_recompile_guard_counts_only_its_own_engines_loops():
+    """Dynamo's callbacks are process-wide and every engine's step is `greedy_step`: a second engine
+    compiling on the same thread is not a recompile of the first. Traced with dynamo's eager backend
+    (the guard sees dynamo's compiles whatever the backend), so it takes seconds."""
+    config = EngineConfig(
+        max_seq_len=200, max_batch_size=1, batch_buckets=(1,), max_draft_tokens=4, compile=True
+    )
+    first, second = Engine.load("tiny", config), Engine.load("tiny", config)
+    first.compile(backend="eager")
+    first.recompiles.arm()
+    second.compile(backend="eager")  # new cache entries for the same code, on this thread
+    second.recompiles.arm()
+    second.run_warmup_draft()
+    assert (first.recompiles.count, second.recompiles.count) == (0, 0)
+    buffers = first.buffers[1]
+    first.reset_buffers(buffers)
+    first.run_decode(buffers, 2, 24)  # a span warmup never ran: a real recompile, of the first only
+    assert (first.recompiles.count, second.recompiles.count) == (1, 0)
+    first.recompiles.disarm()
+    second.recompiles.disarm()

@@ -13,6 +13,7 @@ from engine.fp8 import (
     FP8Linear,
     quantization_from_config,
     quantize_per_row,
+    servable_quantization,
     swap_fp8_linears,
 )
 from engine.loader import LoadError
@@ -161,3 +162,23 @@ def test_fp8_forward_has_no_host_sync_and_captures_into_a_cuda_graph(cls):
         out = linear(x)
     graph.replay()
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "capability, served",
+    [
+        ((8, 0), "fp8-weight-only"),
+        ((8, 6), "fp8-weight-only"),
+        ((8, 9), "fp8-dynamic"),
+        ((9, 0), "fp8-dynamic"),
+    ],
+)
+def test_fp8_dynamic_below_sm89_serves_weight_only_and_says_why(monkeypatch, capability, served):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    quantization, why = servable_quantization("fp8-dynamic", "cuda")
+    assert quantization == served
+    assert (why is None) == (served == "fp8-dynamic")
+    if why:
+        assert f"sm{capability[0]}{capability[1]}" in why and "weight-only" in why
+    assert servable_quantization("fp8-weight-only", "cuda") == ("fp8-weight-only", None)
+    assert servable_quantization("fp8-dynamic", "cpu") == ("fp8-dynamic", None)  # _scaled_mm runs on CPU

@@ -74,7 +74,7 @@ def test_graphs_cover_every_bucket_and_span(pair):
 def test_graph_replay_has_no_host_sync(pair):
     graphed, _ = pair
     buffers = graphed.buffers[4]
-    buffers.fill([1, 2, 3], [10, 20, 30], [0, 1, 2])
+    buffers.fill([1, 2, 3], [10, 20, 30], [[0], [0], [0]])  # three rows on the scratch page
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -99,6 +99,7 @@ def test_graphs_captured_on_one_thread_replay_alike_on_another(pair):
     worker.start()
     worker.join()
     [graphed] = built
+    assert graphed.graphs is not None and graphed.lifecycle.fallbacks == [], graphed.lifecycle.fallbacks
     for seed in (31, 32):
         requests = requests_for(1, seed=seed)
         assert [r.tokens for r in graphed.draft_batch(requests)] == [
@@ -106,14 +107,35 @@ def test_graphs_captured_on_one_thread_replay_alike_on_another(pair):
         ]
 
 
-def test_compiled_graphs_equal_eager_in_bfloat16():
+@pytest.mark.parametrize("attention", ["flex", "sdpa"])  # flex: the CUDA default, the production path
+def test_compiled_graphs_equal_eager_in_bfloat16(attention):
     graphed = cuda_engine(
-        dtype="bfloat16", compile=True, cuda_graphs=True, max_seq_len=1024, batch_buckets=(1, 4)
+        dtype="bfloat16",
+        compile=True,
+        cuda_graphs=True,
+        max_seq_len=1024,
+        batch_buckets=(1, 4),
+        attention=attention,
     )
-    graphed.warmup()
-    eager = cuda_engine(dtype="bfloat16", max_seq_len=1024)
+    report = graphed.warmup()
+    # compiled and captured, not fallen back to eager (which would draft alike, only slower)
+    assert report["fallbacks"] == [] and graphed.graphs is not None and graphed.static_shapes, report
+    eager = cuda_engine(dtype="bfloat16", max_seq_len=1024, attention=attention)
     requests = [DraftRequest(list(range(1, 300)), 16), DraftRequest([5] * 40, 8), DraftRequest([7], 16)]
     ours = [r.tokens for r in graphed.draft_batch(requests)]
     reference = [r.tokens for r in eager.draft_batch(requests)]
     agree = sum(a == b for x, y in zip(ours, reference, strict=True) for a, b in zip(x, y, strict=True))
     assert agree >= 0.9 * sum(len(x) for x in ours), "bf16 kernels differ slightly; drafts must still agree"
+
+
+def test_prefill_runs_on_the_memory_efficient_sdpa_kernel():
+    """A masked GQA call would take the math kernel (fp32 scores over every key); keys expanded to the query
+    heads let the memory-efficient kernel run it: restricted to that kernel, prefill must still run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    served = cuda_engine(dtype="bfloat16")
+    context = list(range(1, 700))
+    expected = served.draft(context, 4)
+    served.reset_cache()
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        assert served.draft(context, 4) == expected

@@ -1,0 +1,21 @@
+"""The device kit carries exactly the versions this project's environment runs, never the image's torch."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from bench import device_kit
+from tests.server_process import REPO
+
+
+def test_device_kit_pins_the_versions_this_environment_installs():
+    for name, version in device_kit.KIT.items():
+        assert metadata.version(name) == version, f"{name}: kit {version}, installed {metadata.version(name)}"
+
+
+def test_device_kit_fetches_cpython_312_wheels_only_without_dependencies():
+    command = device_kit.fetch_command(REPO / "build" / "kit")
+    assert command[command.index("--python-version") + 1] == "3.12"
+    assert "--no-deps" in command and "--only-binary=:all:" in command
+    assert sum(arg.startswith("torch==") for arg in command) == 0  # the image's torch is never replaced
+    assert {arg.split("==")[0] for arg in command if "==" in arg} == set(device_kit.KIT)

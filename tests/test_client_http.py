@@ -29,9 +29,11 @@ class StandIn:
         self.drop_after_answer, self.silent = drop_after_answer, silent
         self.connections = 0
         self.requests: list[bytes] = []
+        self.writers: list[asyncio.StreamWriter] = []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.writers.append(writer)
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -64,6 +66,9 @@ async def serving(stand_in: StandIn, unix_path: str | None = None):
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     async with server:
         yield url
+        # Python 3.12's Server.wait_closed waits for every connection: close the ones a test left open.
+        for writer in stand_in.writers:
+            writer.transport.abort()
 
 
 def test_requests_reuse_one_keep_alive_connection():

@@ -1,11 +1,11 @@
 """The acceptance benchmark: a transformers target decodes greedily with drafts from a running drafter server
-(drafter/speculative.py, through drafter.client), and we measure the tokens each round gains, the speed against target-only greedy
+(drafter/integrations/transformers_generate.py, through drafter.client), and we measure the tokens each round gains, the speed against target-only greedy
 decoding on the same prompts, and that the two outputs agree token for token (lossless).
 
     python bench/acceptance.py --target DIR --url http://127.0.0.1:8000 [--prompts FILE] [--json OUT]
 
 The JSON report's `mean_accepted_tokens`, `acceptance_by_position` and `rounds` are defined by
-`SpeculationStats` in drafter/speculative.py (a perfect drafter scores k + 1). Prompts are JSONL, one `{"tokens": [ids]}`,
+`SpeculationStats` in drafter/integrations/transformers_generate.py (a perfect drafter scores k + 1). Prompts are JSONL, one `{"tokens": [ids]}`,
 `{"text": "..."}` (needs the target's tokenizer) or bare list of ids per line; without a file, seeded random
 ids. Without --stop-at-eos both paths decode through EOS (`min_new_tokens` masks it, as `generate` does).
 Exit 2 on bad input or an unusable server (one line on stderr; a draft call the client had to skip counts
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import drafter.target
+import drafter.integrations.target
 from bench.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
@@ -38,7 +38,7 @@ from bench.prompts import (
     read_prompt_lines,
 )
 from drafter.client import DraftClient, DraftRequestError, TransportError
-from drafter.speculative import SpeculationStats, speculative_decoding
+from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
 
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
 for noisy in ("torchao", "torch.utils._pytree"):
@@ -96,7 +96,7 @@ def generate(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool, *
 
 def load_target(directory: Path, device: str, dtype: str):
     try:
-        return drafter.target.load_target(directory, device, dtype)
+        return drafter.integrations.target.load_target(directory, device, dtype)
     except ValueError as error:
         raise BenchError(str(error)) from None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from bench import machine
 from bench.workload import longest_context
 from engine.engine import DTYPES
-from engine.presets import PRESETS
+from engine.model.presets import PRESETS
 
 PROFILES = {  # model, contexts, draft lengths, concurrency, measured calls per client and case
     "device": ("qwen3-0.6b-random", (2048, 8192, 32768), (4, 16), (1, 4), 20),

@@ -26,10 +26,10 @@ import torch
 from bench import machine, overhead, report, runners
 from bench.latency import conversations
 from bench.server import ServerProcess
-from drafter.batcher import CONTENTION_COOL_DOWN_S
+from drafter.scheduling.batcher import CONTENTION_COOL_DOWN_S
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
-from engine.loader import load_model
+from engine.model.loader import load_model
 
 OVERHEAD_CONTEXTS = (128, 2048)  # bench/overhead.py's, within the server's context
 OVERHEAD_FIELDS = ("context_len", "health_ms", "excess_ms", "engine_ms", "wall_ms")
@@ -153,7 +153,7 @@ def over_http(spec: dict, result: Result, device: str) -> None:
         found = re.search(r"^drafter_recompiles_total (\S+)$", httpx.get(f"{server.url}/metrics").text, re.M)
         facts["recompiles_after_warmup"] = float(found[1]) if found else None
         # What a call costs beyond the engine and a health round trip, from a lone client (so a short draft
-        # runs on the event loop: the path drafter/inline.py is for), k = 1 on a cached context.
+        # runs on the event loop: the path drafter/scheduling/inline.py is for), k = 1 on a cached context.
         time.sleep(CONTENTION_COOL_DOWN_S)  # after the 4-client cases, the loop drafts again only then
         costs = []
         for length in sorted({min(n, cfg["max_seq_len"] - 2) for n in OVERHEAD_CONTEXTS}):

@@ -29,8 +29,8 @@ from bench.server import ServerProcess
 from bench.workload import PATTERNS, Conversation, longest_context
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
-from engine.loader import load_model
-from engine.presets import is_preset, write_preset
+from engine.model.loader import load_model
+from engine.model.presets import is_preset, write_preset
 
 ENGINE_VARIANTS = {"eager": (False, False), "compiled": (True, False), "graphs": (True, True)}
 VARIANTS = (*ENGINE_VARIANTS, "http", "hf-generate", "hf-reuse")

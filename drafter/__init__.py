@@ -1,0 +1,11 @@
+"""drafter, the draft server and what a target imports to use it. Rooms, by what changes together:
+- `drafter/server/`: the HTTP face: the Starlette app, routes, request bodies under deadlines, validation,
+  auth, errors, metrics, the CLI and config, and the runtime that holds one server's parts;
+- `drafter/scheduling/`: how requests reach the engine: the batcher, the engine thread, lone drafts on the
+  event loop, and the costs measured at startup that those choices weigh;
+- `drafter/sessions/`: what the server learns per conversation: the session table, acceptance and the
+  `"auto"` draft-length policy;
+- `drafter/client/` and `drafter/integrations/`: what runs inside a target process (no server code, no torch
+  beyond the target's own): the HTTP client, and the transformers `custom_generate` loop.
+`python -m drafter` (drafter/__main__.py) serves.
+"""

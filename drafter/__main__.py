@@ -17,8 +17,8 @@ import socket
 import sys
 from pathlib import Path
 
-from drafter.cli import UsageError, config_from_args
-from drafter.config import ServerConfig
+from drafter.server.cli import UsageError, config_from_args
+from drafter.server.config import ServerConfig
 
 log = logging.getLogger("drafter")
 
@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_model_source(source: str) -> None:
     """Fail fast on a model directory that cannot be served, before the server starts."""
-    from engine.config import ConfigError, ModelConfig
-    from engine.loader import LoadError, checkpoint_files, read_hf_config
-    from engine.presets import PRESETS, is_preset
+    from engine.model.config import ConfigError, ModelConfig
+    from engine.model.loader import LoadError, checkpoint_files, read_hf_config
+    from engine.model.presets import PRESETS, is_preset
 
     if is_preset(source):
         return
@@ -129,7 +129,7 @@ def hypercorn_config(config: ServerConfig):
 async def serve(config: ServerConfig) -> int:
     from hypercorn.asyncio import serve as hypercorn_serve
 
-    from drafter.app import create_app
+    from drafter.server.app import create_app
 
     app = create_app(config)
     runtime = app.state.runtime

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from engine.attention import FlexReads, SdpaReads, gather_slots, physical_to_logical
-from engine.model import Qwen3
+from engine.model.qwen3 import Qwen3
 
 StepFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 

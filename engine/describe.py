@@ -37,7 +37,7 @@ def describe(engine) -> dict:
         "compile": cfg.compile,
         "cuda_graphs": engine.graphs is not None,
         "attention": cfg.attention,
-        "cpu_packed_linears": engine.packed_linears,  # oneDNN-packed (engine/cpu_linears.py)
+        "cpu_packed_linears": engine.packed_linears,  # oneDNN-packed (engine/model/cpu_linears.py)
         "batch_buckets": list(cfg.buckets),
         "kv_buckets": list(engine.spans),
         "draft_length_tiers": list(cfg.tiers) if engine.graphs is not None else None,

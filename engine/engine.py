@@ -22,12 +22,12 @@ from engine import compile as compile_step
 from engine.cache.pool import PagePool, bytes_per_token
 from engine.cache.sequences import CacheFull, SequenceTable
 from engine.config import ConfigError, EngineConfig
-from engine.cpu_linears import use_cpu_linears
 from engine.decode import DecodeBuffers, greedy_step, run_loop
 from engine.describe import describe
 from engine.lifecycle import Lifecycle, State
-from engine.loader import LoadedModel, load_model
-from engine.model import rope_table
+from engine.model.cpu_linears import use_cpu_linears
+from engine.model.loader import LoadedModel, load_model
+from engine.model.qwen3 import rope_table
 from engine.prefill import PrefillRow, contiguous, prefill
 from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
@@ -48,7 +48,7 @@ class Engine:
             self.lifecycle.fall_back(why)
         self.device = torch.device(config.device)
         model_config, dtype = loaded.config, DTYPES[config.dtype]
-        # Eager on the CPU: decode-speed linears (engine/cpu_linears.py). The GPU keeps the model as loaded,
+        # Eager on the CPU: decode-speed linears (engine/model/cpu_linears.py). The GPU keeps the model as loaded,
         # and so does torch.compile (inductor cannot lower an opaque oneDNN weight that is a graph input).
         on_cpu_eager = self.device.type == "cpu" and not config.compile
         self.packed_linears = use_cpu_linears(self.model, dtype) if on_cpu_eager else 0

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from engine.attention import SdpaReads
-from engine.model import Qwen3
+from engine.model.qwen3 import Qwen3
 
 
 @dataclass(frozen=True, slots=True)

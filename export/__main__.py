@@ -26,8 +26,8 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from engine.loader import RANDOM_WEIGHTS_KEY
-    from engine.presets import is_preset
+    from engine.model.loader import RANDOM_WEIGHTS_KEY
+    from engine.model.presets import is_preset
     from export.checkpoint import (
         ExportError,
         check_qwen3,

@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from engine.config import ConfigError, ModelConfig
-from engine.presets import PRESETS, is_preset, write_preset
+from engine.model.config import ConfigError, ModelConfig
+from engine.model.presets import PRESETS, is_preset, write_preset
 from export.quantize import LINEAR_NAMES, fp8_parts
 
 TOKENIZER_FILES = (

@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 
 from engine.config import EngineConfig
-from engine.fp8 import LINEAR_NAMES
-from engine.presets import PRESETS
+from engine.model.fp8 import LINEAR_NAMES
+from engine.model.presets import PRESETS
 
 MODES = ("weight-only", "dynamic")
 ENGINE = EngineConfig(max_seq_len=128, max_batch_size=1, max_draft_tokens=8)

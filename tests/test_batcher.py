@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from drafter import batcher as batcher_module
-from drafter.batcher import Batcher, EngineFailed
-from drafter.engine_thread import EngineThread
-from drafter.metrics import Metrics
+from drafter.scheduling import batcher as batcher_module
+from drafter.scheduling.batcher import Batcher, EngineFailed
+from drafter.scheduling.engine_thread import EngineThread
+from drafter.server.metrics import Metrics
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests import DraftError, DraftRequest

@@ -17,8 +17,8 @@ from bench.runners import engine_round, run_lockstep, sequential_round
 from bench.workload import Conversation
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import load_model
-from engine.presets import PRESETS, write_preset
+from engine.model.loader import load_model
+from engine.model.presets import PRESETS, write_preset
 from tests.server_process import REPO
 
 RESULT_FIELDS = {"variant", "pattern", "context_len", "num_draft_tokens", "concurrency"}

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from drafter.client import AsyncDraftClient, Backoff, DraftClient, DraftRequestError
-from drafter.speculative import SpeculationStats, speculative_decoding
+from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
 from tests.conftest import TARGET_MODEL
 from tests.oracle import HF_CONFIGS, hf_greedy
 from tests.server_process import ServerProcess

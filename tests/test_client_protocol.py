@@ -161,3 +161,19 @@ def test_exchange_treats_a_malformed_200_as_a_server_failure(content):
         calls.send(Response(200, {}, content))
     assert done.value.value.skipped == "server_error" and done.value.value.tokens == []
     assert server.backoff.active and state.token is None
+
+
+@pytest.mark.parametrize(
+    "module", ["drafter.client", "drafter.integrations.transformers_generate", "drafter.speculative"]
+)
+def test_what_a_target_imports_loads_no_server_code(module):
+    """A target process imports the client or an integration: no Hypercorn, Starlette, engine or server
+    room comes with it (an integration brings the torch its target already has, nothing more)."""
+    code = (
+        f"import sys\nimport {module}\n"
+        "server = [m for m in sys.modules if m.split('.')[0] in ('hypercorn', 'starlette', 'engine', 'prometheus_client')\n"
+        "          or m.startswith(('drafter.server', 'drafter.scheduling', 'drafter.sessions'))]\n"
+        "assert not server, server\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -1,4 +1,4 @@
-"""The CPU's decode linears (engine/cpu_linears.py) compute what the modules they replace compute: plain and
+"""The CPU's decode linears (engine/model/cpu_linears.py) compute what the modules they replace compute: plain and
 packed, fp32 and bf16, one row to a prefill chunk, FP8 weight-only and dynamic; and the engine uses them."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import EngineConfig
-from engine.cpu_linears import (
+from engine.engine import Engine
+from engine.model.cpu_linears import (
     CpuDynamicFP8Linear,
     CpuLinear,
     bf16_packing_supported,
     fp32_lm_head_kind,
     use_cpu_linears,
 )
-from engine.engine import Engine
-from engine.fp8 import FP8DynamicLinear, FP8Linear
-from engine.loader import load_model
+from engine.model.fp8 import FP8DynamicLinear, FP8Linear
+from engine.model.loader import load_model
 from tests.test_fp8 import make_linear
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

@@ -8,7 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from drafter.draft_length import Acceptance, DraftCost, DraftLengthConfigError, DraftLengthPolicy, Load
+from drafter.sessions.draft_length import (
+    Acceptance,
+    DraftCost,
+    DraftLengthConfigError,
+    DraftLengthPolicy,
+    Load,
+)
 
 MAX_K = 16
 IDLE = Load(queue_depth=0, running=0)
@@ -96,7 +102,7 @@ def test_draft_cost_and_policy_refuse_impossible_settings():
 
 
 def test_default_draft_length_flag_and_variable_take_auto_or_a_count():
-    from drafter.cli import UsageError, config_from_args
+    from drafter.server.cli import UsageError, config_from_args
 
     assert (
         config_from_args(["--device=cpu", "--default-draft-length=auto"], {}).default_num_draft_tokens

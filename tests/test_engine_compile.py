@@ -99,7 +99,8 @@ def test_recompile_guard_counts_only_its_own_engines_loops():
     assert (first.recompiles.count, second.recompiles.count) == (0, 0)
     buffers = first.buffers[1]
     first.reset_buffers(buffers)
-    first.run_decode(buffers, 2, 24)  # a span warmup never ran: a real recompile, of the first only
+    span = first.spans[0]  # a one-row view where warmup passed none: a real recompile, of the first only
+    first.run_decode(buffers, 2, span, view=slice(0, span))
     assert (first.recompiles.count, second.recompiles.count) == (1, 0)
     first.recompiles.disarm()
     second.recompiles.disarm()

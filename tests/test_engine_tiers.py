@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import engine.engine as engine_module
-from drafter import startup_costs
-from drafter.draft_length import Acceptance, DraftCost, DraftLengthPolicy, Load
+from drafter.scheduling import startup_costs
+from drafter.sessions.draft_length import Acceptance, DraftCost, DraftLengthPolicy, Load
 from engine.config import ConfigError, EngineConfig
 from engine.decode import run_loop
 from engine.engine import Engine

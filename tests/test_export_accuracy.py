@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.loader import load_model
+from engine.model.loader import load_model
 from export.__main__ import run_export
 from tests.export_helpers import ENGINE, MODES, linear_names
 from tests.oracle import fresh_forward, hf_greedy

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.fp8 import FP8_DTYPE, LINEAR_NAMES, quantization_from_config
-from engine.loader import RANDOM_WEIGHTS_KEY
-from engine.presets import PRESETS
+from engine.model.fp8 import FP8_DTYPE, LINEAR_NAMES, quantization_from_config
+from engine.model.loader import RANDOM_WEIGHTS_KEY
+from engine.model.presets import PRESETS
 from tests.export_helpers import ENGINE, MODES, read_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")

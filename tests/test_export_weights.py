@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine.engine import Engine
-from engine.fp8 import FP8_DTYPE, FP8Linear
-from engine.loader import load_model
-from engine.presets import PRESETS, preset_state_dict
+from engine.model.fp8 import FP8_DTYPE, FP8Linear
+from engine.model.loader import load_model
+from engine.model.presets import PRESETS, preset_state_dict
 from export.quantize import fp8_parts, weight_config
 from tests.export_helpers import ENGINE, MODES, linear_names, read_file
 
@@ -63,7 +63,7 @@ def test_export_dequantized_weights_are_within_fp8_error(exported):
 @pytest.mark.parametrize("mode", MODES)
 def test_export_loads_with_fp8_weights_at_one_byte(exported, mode):
     """As the loader builds it (what a GPU engine serves; the CPU's eager engine then trades memory for
-    speed, engine/cpu_linears.py), the model holds each FP8 weight once, at one byte."""
+    speed, engine/model/cpu_linears.py), the model holds each FP8 weight once, at one byte."""
     loaded = load_model(str(exported[mode][0]))
     assert loaded.quantization == f"fp8-{mode}"
     fp8_bytes = 0

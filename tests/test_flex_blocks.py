@@ -10,7 +10,7 @@ from torch._inductor.template_heuristics.triton import CUDAConfigHeuristic
 
 from engine.attention import FLEX_KERNEL_OPTIONS, FLEX_Q_BLOCK
 from engine.config import ConfigError, EngineConfig
-from engine.presets import PRESETS
+from engine.model.presets import PRESETS
 
 CAPABILITIES = [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)]  # A100, L4/L40, H100/H200, B200, RTX 50xx
 DTYPES = [torch.bfloat16, torch.float32]

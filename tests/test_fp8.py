@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.fp8 import (
+from engine.model.fp8 import (
     FP8_DTYPE,
     FP8DynamicLinear,
     FP8Linear,
@@ -16,9 +16,9 @@ from engine.fp8 import (
     servable_quantization,
     swap_fp8_linears,
 )
-from engine.loader import LoadError
-from engine.model import Qwen3
-from engine.presets import PRESETS
+from engine.model.loader import LoadError
+from engine.model.presets import PRESETS
+from engine.model.qwen3 import Qwen3
 from export.checkpoint import quantization_config
 
 
@@ -42,7 +42,7 @@ def test_fp8_weight_only_matches_dequantized_matmul(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_weight_only_multiply_reduce_is_the_matmuls_product(dtype):
-    """What compiled CUDA decode steps run (engine/fp8.py): the same product, only summed in another order."""
+    """What compiled CUDA decode steps run (engine/model/fp8.py): the same product, only summed in another order."""
     linear, _ = make_linear(FP8Linear)
     x = torch.randn(2, 3, 64, dtype=dtype)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2

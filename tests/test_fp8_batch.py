@@ -1,6 +1,6 @@
 """FP8 drafts never depend on batch companions or padding: a request drafted alone and among 7 random
 companions gets the same tokens, in both quantization modes (fp32 activations on CPU). fp8-dynamic scales
-each activation row by itself (engine/fp8.py); one amax over the batch would fail this."""
+each activation row by itself (engine/model/fp8.py); one amax over the batch would fail this."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def test_graph_replay_has_no_host_sync(pair):
 
 def test_graphs_captured_on_one_thread_replay_alike_on_another(pair):
     """The server loads and captures on its engine thread, and may draft a lone short request on the event
-    loop's thread (drafter/inline.py): a replay from another thread must draft the same."""
+    loop's thread (drafter/scheduling/inline.py): a replay from another thread must draft the same."""
     _, eager = pair
     built: list[Engine] = []
 

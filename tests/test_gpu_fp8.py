@@ -1,12 +1,12 @@
 """CUDA: compiled FP8 weight-only linears read their fp8 weights in place at every decode batch size
-(engine/fp8.py's multiply-reduce), instead of writing a bf16 copy of the weight each step."""
+(engine/model/fp8.py's multiply-reduce), instead of writing a bf16 copy of the weight each step."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.fp8 import FP8_DTYPE, FP8Linear
+from engine.model.fp8 import FP8_DTYPE, FP8Linear
 
 pytestmark = pytest.mark.gpu
 

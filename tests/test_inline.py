@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from drafter import startup_costs
-from drafter.draft_length import DraftCost, DraftLengthPolicy
-from drafter.inline import InlinePolicy, effective_max_ms
+from drafter.scheduling import startup_costs
+from drafter.scheduling.inline import InlinePolicy, effective_max_ms
+from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests import DraftRequest

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import Qwen3
-from engine.presets import PRESETS, is_preset
+from engine.model.presets import PRESETS, is_preset
+from engine.model.qwen3 import Qwen3
 
 # Qwen3-0.6B's config.json, the fields our ModelConfig reads.
 QWEN3_0_6B = dict(

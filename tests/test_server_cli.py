@@ -12,7 +12,7 @@ import sys
 import httpx
 import pytest
 
-from drafter.cli import config_from_args
+from drafter.server.cli import config_from_args
 from tests.server_process import REPO, ServerProcess
 
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from drafter.batcher import CONTENTION_COOL_DOWN_S
+from drafter.scheduling.batcher import CONTENTION_COOL_DOWN_S
 from engine.requests import DraftRequest
 from tests.server_process import MAIN_ARGS, MAIN_SIZES, draft_body, main_oracle, metric_value, shared_server
 

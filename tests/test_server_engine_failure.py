@@ -8,9 +8,9 @@ import time
 
 from starlette.testclient import TestClient
 
-from drafter.app import create_app
-from drafter.config import ServerConfig
-from engine.presets import write_preset
+from drafter.server.app import create_app
+from drafter.server.config import ServerConfig
+from engine.model.presets import write_preset
 from tests.server_process import ServerProcess
 
 

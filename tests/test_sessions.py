@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drafter.draft_length import Acceptance
-from drafter.sessions import SessionTable, SessionUnknown, accepted_drafts
+from drafter.sessions.draft_length import Acceptance
+from drafter.sessions.table import SessionTable, SessionUnknown, accepted_drafts
 
 
 class Clock:

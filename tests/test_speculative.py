@@ -1,4 +1,4 @@
-"""drafter/speculative.py: transformers' `generate` with `custom_generate=speculative_decoding` equals the
+"""drafter/integrations/transformers_generate.py: transformers' `generate` with `custom_generate=speculative_decoding` equals the
 target's own `generate`: greedy token for token (scripted drafters that are right, wrong at one position,
 or ignorant of EOS; logits processors; real drafter servers of the target's weights and of their FP8
 export), and with sampling, in distribution (a chi-square test against the exact target distribution)."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drafter.client import DraftClient, Drafts
-from drafter.speculative import SpeculationStats, speculative_decoding
+from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
 from tests.conftest import TARGET_MODEL
 from tests.oracle import HF_CONFIGS, hf_greedy, make_hf_model
 

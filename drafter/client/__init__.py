@@ -1,6 +1,6 @@
 """The client a target imports: `DraftClient` (blocking) and `AsyncDraftClient`, with per-conversation
 sessions that speak the incremental protocol (v2) when the server offers it. Importing this package loads
-h11 and orjson only: no torch, no engine, no httpx. The transformers integration is drafter/speculative.py.
+h11 and orjson only: no torch, no engine, no httpx. The transformers integration is drafter/integrations/transformers_generate.py.
 
     with DraftClient("http://127.0.0.1:8000") as client, client.session() as session:
         drafts = session.draft(context, 8)  # drafts.tokens may be empty: speculation is optional

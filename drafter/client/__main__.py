@@ -1,5 +1,5 @@
 """Try speculation from the command line: a transformers target decodes one prompt greedily on its own and
-then through a drafter server (drafter/speculative.py), and we print both speeds, the tokens each round
+then through a drafter server (drafter/integrations/transformers_generate.py), and we print both speeds, the tokens each round
 kept, and whether the outputs matched (they must: speculation is lossless).
 
     python -m drafter.client --url http://127.0.0.1:8000 --target DIR|tiny [--prompt-tokens 1 2 3 ...]
@@ -82,8 +82,8 @@ def run(args, client: DraftClient) -> bool:
 
     import torch
 
-    from drafter.speculative import SpeculationStats, speculative_decoding
-    from drafter.target import load_target
+    from drafter.integrations.target import load_target
+    from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")

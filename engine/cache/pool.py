@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 SCRATCH_PAGE = 0
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 
 class RMSNorm(nn.Module):

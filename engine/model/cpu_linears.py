@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.fp8 import FP8DynamicLinear, FP8Linear, quantize_per_row
+from engine.model.fp8 import FP8DynamicLinear, FP8Linear, quantize_per_row
 
 
 class CpuLinear(nn.Module):
@@ -71,7 +71,7 @@ class CpuLinear(nn.Module):
 
 
 class CpuDynamicFP8Linear(nn.Module):
-    """`FP8DynamicLinear`'s product (engine/fp8.py) on the CPU: each row quantized to fp8 with its own
+    """`FP8DynamicLinear`'s product (engine/model/fp8.py) on the CPU: each row quantized to fp8 with its own
     scale, multiplied by the fp8 weight with fp32 accumulation, then scaled; in fp32 kernels."""
 
     def __init__(self, linear: FP8DynamicLinear):

@@ -11,13 +11,13 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from drafter.config import ServerConfig
-from drafter.draft_route import draft
-from drafter.errors import EXCEPTION_HANDLERS
-from drafter.request_body import FinishBodyBeforeAnswer
-from drafter.runtime import Runtime
-from drafter.session_routes import close_session
-from drafter.status_routes import info, live, metrics, ready
+from drafter.server.config import ServerConfig
+from drafter.server.draft_route import draft
+from drafter.server.errors import EXCEPTION_HANDLERS
+from drafter.server.request_body import FinishBodyBeforeAnswer
+from drafter.server.runtime import Runtime
+from drafter.server.session_routes import close_session
+from drafter.server.status_routes import info, live, metrics, ready
 
 ROUTES = [
     Route("/draft", draft, methods=["POST"]),

@@ -13,18 +13,18 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from drafter.auth import require_auth
-from drafter.batcher import EngineFailed, Expired, Pending, QueueFull
-from drafter.errors import ApiError, OrjsonResponse
-from drafter.request_body import BodyTimeout, BodyTooLarge, ClientGone, read_body
-from drafter.runtime import Runtime
-from drafter.speculation import Call
-from drafter.validation import (
+from drafter.scheduling.batcher import EngineFailed, Expired, Pending, QueueFull
+from drafter.server.auth import require_auth
+from drafter.server.errors import ApiError, OrjsonResponse
+from drafter.server.request_body import BodyTimeout, BodyTooLarge, ClientGone, read_body
+from drafter.server.runtime import Runtime
+from drafter.server.validation import (
     check_content_length,
     check_content_type,
     parse_draft_body,
     too_large,
 )
+from drafter.sessions.speculation import Call
 from engine.requests import DraftError, DraftRequest, DraftResult
 
 RETRY_AFTER_OVERLOADED_S = "1"

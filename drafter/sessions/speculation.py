@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drafter.draft_length import Acceptance, DraftLengthPolicy, Load
-from drafter.errors import ApiError
-from drafter.metrics import Metrics
-from drafter.sessions import Session, SessionTable, SessionUnknown, accepted_drafts
-from drafter.validation import AUTO, DraftParams
+from drafter.server.errors import ApiError
+from drafter.server.metrics import Metrics
+from drafter.server.validation import AUTO, DraftParams
+from drafter.sessions.draft_length import Acceptance, DraftLengthPolicy, Load
+from drafter.sessions.table import Session, SessionTable, SessionUnknown, accepted_drafts
 
 
 def session_unknown() -> ApiError:

@@ -2,7 +2,7 @@
 
 Compiled and graph-captured code is not thread-safe, so the engine is only ever called by one thread at a
 time: this one, or the event loop's own thread for a lone short draft while this one is idle (the batcher
-guarantees it: drafter/inline.py). The thread is a daemon, and `stop` does not wait for it: a SIGTERM during
+guarantees it: drafter/scheduling/inline.py). The thread is a daemon, and `stop` does not wait for it: a SIGTERM during
 a minutes-long load or warmup ends the process instead of waiting (a ThreadPoolExecutor's workers are
 joined at interpreter exit).
 

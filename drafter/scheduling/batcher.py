@@ -7,7 +7,7 @@ waits for companions only if some are on their way (a handler reading or checkin
 and at most `window_s`; a lone client never waits. A request that cannot queue fails at once
 (`QueueFull`), one still queued at its deadline fails (`Expired`), and one withdrawn (client gone) is
 simply never drafted. A lone request that `runs_inline` deems short is drafted on the event loop's own
-thread, without the two thread hand-offs (drafter/inline.py). The batcher knows nothing of HTTP.
+thread, without the two thread hand-offs (drafter/scheduling/inline.py). The batcher knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from drafter.draft_length import Load
-from drafter.engine_thread import EngineThread
-from drafter.metrics import Metrics
+from drafter.scheduling.engine_thread import EngineThread
+from drafter.server.metrics import Metrics
+from drafter.sessions.draft_length import Load
 from engine.requests import DraftError, DraftRequest, DraftResult
 
 log = logging.getLogger(__name__)

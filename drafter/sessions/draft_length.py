@@ -13,7 +13,7 @@ Why one p and not one per position: a draft stops at its first rejection, so a p
 sees positions past it; after acceptance drops, the deep positions would keep their old optimism and hold k
 long for dozens of rounds. One p (the censored-geometric estimate: accepted / (accepted + rejections), over
 exponentially decayed counts) learns from every round at every length and follows a change in ~4-6 rounds.
-Per-position acceptance is still counted, for /info and /metrics (drafter.speculation).
+Per-position acceptance is still counted, for /info and /metrics (drafter.sessions.speculation).
 
 Why load shrinks k: on a busy engine a decode step of this request is a step every queued or batched
 request waits through, so a draft token's marginal cost is its step time times (1 + load / max batch).

@@ -1,6 +1,6 @@
 """What drafting costs on this engine, measured once at startup: the figures auto's draft length weighs
-(drafter/draft_length.py) and those that decide which lone requests the event loop may draft itself
-(drafter/inline.py). Runs on the engine thread, after warmup."""
+(drafter/sessions/draft_length.py) and those that decide which lone requests the event loop may draft itself
+(drafter/scheduling/inline.py). Runs on the engine thread, after warmup."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from drafter.config import LOG_LEVELS, ServerConfig
+from drafter.server.config import LOG_LEVELS, ServerConfig
 
 TRUE_WORDS, FALSE_WORDS = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 

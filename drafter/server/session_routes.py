@@ -5,9 +5,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from drafter.auth import require_auth
-from drafter.errors import ApiError
-from drafter.runtime import Runtime
+from drafter.server.auth import require_auth
+from drafter.server.errors import ApiError
+from drafter.server.runtime import Runtime
 
 TOKEN_HEADER = "Drafter-Session-Token"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.config import ConfigError, ModelConfig
-from engine.model import Qwen3
-from engine.presets import PRESETS, is_preset, preset_state_dict
+from engine.model.config import ConfigError, ModelConfig
+from engine.model.presets import PRESETS, is_preset, preset_state_dict
+from engine.model.qwen3 import Qwen3
 
 log = logging.getLogger(__name__)
 # config.json key that export/ sets on a preset's checkpoint, so "these weights are random" survives export.
@@ -81,7 +81,7 @@ def build_empty(config: ModelConfig, quantization: str) -> Qwen3:
     with torch.device("meta"):
         model = Qwen3(config)
     if quantization != "none":
-        from engine.fp8 import swap_fp8_linears
+        from engine.model.fp8 import swap_fp8_linears
 
         swap_fp8_linears(model, quantization)
     return model
@@ -135,7 +135,7 @@ def load_model(
             raise LoadError(f"{directory}: {error}") from None
         quantization = "none"
         if "quantization_config" in hf:
-            from engine.fp8 import quantization_from_config, servable_quantization
+            from engine.model.fp8 import quantization_from_config, servable_quantization
 
             quantization, why = servable_quantization(
                 quantization_from_config(hf["quantization_config"]), device

@@ -9,7 +9,7 @@ import hmac
 
 from starlette.requests import Request
 
-from drafter.errors import ApiError
+from drafter.server.errors import ApiError
 
 
 def require_auth(request: Request, api_key: str | None) -> None:

@@ -72,7 +72,7 @@ class Metrics:
         )
         self.inline_batches = Counter(
             "drafter_inline_batches",
-            "Batches of one drafted on the event loop's own thread (short, lone requests: drafter/inline.py)",
+            "Batches of one drafted on the event loop's own thread (short, lone requests: drafter/scheduling/inline.py)",
             registry=registry,
         )
         self.in_flight = Gauge(

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(

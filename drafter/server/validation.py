@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from drafter.config import MAX_SESSION_CHARS
-from drafter.errors import ApiError, invalid
+from drafter.server.config import MAX_SESSION_CHARS
+from drafter.server.errors import ApiError, invalid
 
 FIELDS = (
     "tokens",
@@ -25,7 +25,7 @@ FIELDS = (
     "session_token",
     "close",
 )
-AUTO = "auto"  # num_draft_tokens: let the server pick k (drafter.draft_length)
+AUTO = "auto"  # num_draft_tokens: let the server pick k (drafter.sessions.draft_length)
 MAX_SESSION_TOKEN_CHARS = 64
 
 

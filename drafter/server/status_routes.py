@@ -8,9 +8,9 @@ from importlib import metadata
 from starlette.requests import Request
 from starlette.responses import Response
 
-from drafter.auth import require_auth
-from drafter.errors import OrjsonResponse
-from drafter.runtime import Runtime
+from drafter.server.auth import require_auth
+from drafter.server.errors import OrjsonResponse
+from drafter.server.runtime import Runtime
 
 
 async def live(request: Request) -> OrjsonResponse:

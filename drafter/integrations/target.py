@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.presets import is_preset, write_preset
+from engine.model.presets import is_preset, write_preset
 
 
 def load_target(source: str | Path, device: str, dtype: str):

@@ -11,7 +11,7 @@ expected to be short runs there: at most `max_ms`, by the costs measured at star
 the decode steps it runs, and its uncached context tokens at the measured prefill rate). A cold long
 context, a long draft on a slow device, or any draft of a large model on a CPU goes to the engine thread.
 And only while clients do not overlap: the batcher stops drafting on the loop for a while after any request
-arrives while the engine is busy (drafter/batcher.py, `contended`), since concurrent clients need the loop
+arrives while the engine is busy (drafter/scheduling/batcher.py, `contended`), since concurrent clients need the loop
 to read them and the engine thread to batch them.
 
 And never for a CPU engine with more than one torch thread: torch's CPU threads are an OpenMP team per
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from drafter.draft_length import DraftLengthPolicy
+from drafter.sessions.draft_length import DraftLengthPolicy
 from engine.requests import DraftRequest
 
 

@@ -13,17 +13,17 @@ import time
 
 import torch
 
-from drafter import startup_costs
-from drafter.batcher import Batcher
-from drafter.config import ServerConfig
-from drafter.draft_length import DraftCost, DraftLengthPolicy
-from drafter.engine_thread import EngineThread
-from drafter.inline import InlinePolicy, effective_max_ms
-from drafter.metrics import Metrics
-from drafter.request_body import BodyDeadlines
-from drafter.sessions import SessionTable
-from drafter.speculation import Speculation
-from drafter.validation import Limits
+from drafter.scheduling import startup_costs
+from drafter.scheduling.batcher import Batcher
+from drafter.scheduling.engine_thread import EngineThread
+from drafter.scheduling.inline import InlinePolicy, effective_max_ms
+from drafter.server.config import ServerConfig
+from drafter.server.metrics import Metrics
+from drafter.server.request_body import BodyDeadlines
+from drafter.server.validation import Limits
+from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy
+from drafter.sessions.speculation import Speculation
+from drafter.sessions.table import SessionTable
 from engine.engine import Engine
 from engine.lifecycle import Lifecycle, State
 

@@ -2,7 +2,7 @@
 
 It holds what the HTTP side needs (address, queue bound, batch window, deadline, auth) and the engine's
 sizes, which it hands on as an `EngineConfig`. Where it comes from (flags, `DRAFTER_*` variables) is
-`drafter.cli`'s business.
+`drafter.server.cli`'s business.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drafter.draft_length import Acceptance
+from drafter.sessions.draft_length import Acceptance
 
 MIN_CAPACITY = 1024  # ids; a buffer grows by doubling, so a conversation copies O(log length) times
 
@@ -44,7 +44,7 @@ class Session:
     buffer: np.ndarray  # int64 [capacity]: the last context, then scratch room
     context_len: int  # the last call's context is buffer[:context_len]
     drafts: np.ndarray  # int64 [k], the drafts returned to the last call
-    acceptance: Acceptance  # this conversation's estimate, see drafter.draft_length
+    acceptance: Acceptance  # this conversation's estimate, see drafter.sessions.draft_length
     touched: float  # clock time of the last call
     in_flight: int = 0  # v2 calls drafting from this session now
 

@@ -81,10 +81,15 @@ class RawH2:
         self.data(stream, payload)
         return stream
 
-    def receive(self, until: set[int], timeout_s: float = 10) -> None:
-        """Read events until every stream in `until` has ended, the connection closes, or time runs out."""
+    def receive(self, until: set[int], timeout_s: float = 10, status_of: int | None = None) -> None:
+        """Read events until every stream in `until` has ended (or `status_of` has its status), the connection
+        closes, or time runs out."""
         deadline = time.monotonic() + timeout_s
-        while not until <= self.ended and not self.closed and time.monotonic() < deadline:
+
+        def waiting() -> bool:
+            return status_of not in self.status if status_of is not None else not until <= self.ended
+
+        while waiting() and not self.closed and time.monotonic() < deadline:
             self.sock.settimeout(max(deadline - time.monotonic(), 0.01))
             try:
                 data = self.sock.recv(65536)
@@ -123,6 +128,8 @@ def test_http2_early_refusal_ends_only_its_own_stream(url, name):
     client = RawH2(url)
     try:
         refused = client.headers(content_type, len(payload))  # its body comes later
+        client.receive(set(), timeout_s=5, status_of=refused)
+        assert client.status.get(refused) == status, "the refusal waited for the body"
         before = client.post(good)
         client.receive({before})
         client.data(refused, payload)  # the body of a request the server may already have refused

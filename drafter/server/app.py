@@ -14,7 +14,7 @@ from starlette.routing import Route
 from drafter.server.config import ServerConfig
 from drafter.server.draft_route import draft
 from drafter.server.errors import EXCEPTION_HANDLERS
-from drafter.server.request_body import FinishBodyBeforeAnswer
+from drafter.server.request_body import AnswerEarlyThenDrain
 from drafter.server.runtime import Runtime
 from drafter.server.session_routes import close_session
 from drafter.server.status_routes import info, live, metrics, ready
@@ -42,7 +42,7 @@ def create_app(config: ServerConfig) -> Starlette:
             await runtime.close()
 
     finish_body = Middleware(
-        FinishBodyBeforeAnswer, deadlines=runtime.body_deadlines, max_discard_bytes=config.max_body_bytes
+        AnswerEarlyThenDrain, deadlines=runtime.body_deadlines, max_discard_bytes=config.max_body_bytes
     )
     app = Starlette(
         routes=ROUTES, middleware=[finish_body], exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan

@@ -4,10 +4,10 @@
   refused (408) instead of holding a handler, and on SIGTERM every deadline expires at once, so a drain
   never waits on a client that sends nothing.
 - A client that hangs up mid-body raises `ClientGone`, which the route counts as a disconnect, not an error.
-- `FinishBodyBeforeAnswer` (ASGI middleware) reads and drops what is left of a body before any answer that
-  did not read it (401, 413 by Content-Length, 415, 503, 404). Over HTTP/2, Hypercorn tears down the whole
-  connection, and every draft multiplexed on it, when data arrives for a stream it has already answered;
-  over HTTP/1.1 the connection stays usable for the next request instead of being closed.
+- `AnswerEarlyThenDrain` (ASGI middleware): an answer given before the body was read (401, 413 by
+  Content-Length, 415, 503, 404) goes out at once; what is left of the body is read and dropped before the
+  answer ends, so the connection (HTTP/1.1) or the other streams (HTTP/2) stay usable. An HTTP/1.1 body
+  announced over the cap is never read: its connection is closed after the answer.
 
 It knows nothing of drafts: bytes in, bytes out.
 """
@@ -94,10 +94,28 @@ async def read_body(request: Request, max_body_bytes: int, deadlines: BodyDeadli
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-class FinishBodyBeforeAnswer:
-    """Before an answer starts, read and drop the rest of a request body the app did not read (bounded by
-    the body deadline; over HTTP/1.1 also by `max_discard_bytes`, past which Hypercorn closes the
-    connection after the answer, which only costs that client its connection)."""
+def announced_length(scope: Scope) -> int:
+    """The request's Content-Length, 0 when it has none (chunked: the drain's own limit bounds it)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+class AnswerEarlyThenDrain:
+    """An answer the app gives before it read the whole request body (401, 413 by Content-Length, 415, 503,
+    404) goes out at once: its status, headers and body bytes are sent before any more of the request body
+    is read. What is left of the body is then read and dropped, within the body deadline, and only then is
+    the answer ended, because Hypercorn closes an HTTP/1.1 connection, and tears down an HTTP/2 connection
+    with every draft multiplexed on it, when a stream ends before its request body did:
+    - HTTP/1.1: the client has the whole answer at once (its Content-Length says where it ends); the drain
+      keeps the connection for the next request. A body announced over `max_discard_bytes` is never read:
+      the answer says `Connection: close` and ends at once, so a refused client (an unauthenticated one with
+      a huge Content-Length, say) holds a connection no longer than it takes to write the answer.
+    - HTTP/2: the answer's frames go out at once and the stream ends after the drain; the connection's other
+      streams go on. (An ASGI app cannot reset one stream, so an announced body over the cap is drained too,
+      bounded by the deadline and the stream's flow-control window.)
+    """
 
     def __init__(self, app: ASGIApp, deadlines: BodyDeadlines, max_discard_bytes: int):
         self.app, self.deadlines, self.max_discard_bytes = app, deadlines, max_discard_bytes
@@ -106,7 +124,8 @@ class FinishBodyBeforeAnswer:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body_done = False
+        body_done = drain = False
+        http2 = scope.get("http_version") == "2"
 
         async def tracked_receive() -> Message:
             nonlocal body_done
@@ -114,18 +133,24 @@ class FinishBodyBeforeAnswer:
             body_done = body_done or message["type"] != "http.request" or not message.get("more_body")
             return message
 
-        async def send_after_body(message: Message) -> None:
-            nonlocal body_done
+        async def send_early(message: Message) -> None:
+            nonlocal body_done, drain
             if message["type"] == "http.response.start" and not body_done:
-                body_done = True
-                if message["status"] != BODY_TIMEOUT_STATUS:  # that body is not coming
-                    await self.discard(scope, receive)
+                body_done = True  # the app reads no more of it
+                drain = message["status"] != BODY_TIMEOUT_STATUS  # a timed-out body is not coming
+                if drain and not http2 and announced_length(scope) > self.max_discard_bytes:
+                    drain = False  # never read: the answer ends at once and the connection closes
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            elif drain and message["type"] == "http.response.body" and not message.get("more_body"):
+                drain = False
+                await send({**message, "more_body": True})  # the whole answer, now
+                await self.discard(receive, limit=None if http2 else self.max_discard_bytes)
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
             await send(message)
 
-        await self.app(scope, tracked_receive, send_after_body)
+        await self.app(scope, tracked_receive, send_early)
 
-    async def discard(self, scope: Scope, receive: Receive) -> None:
-        limit = None if scope.get("http_version") == "2" else self.max_discard_bytes
+    async def discard(self, receive: Receive, limit: int | None) -> None:
         size = 0
         with contextlib.suppress(BodyTimeout):
             async with self.deadlines.within():

@@ -158,3 +158,36 @@ def test_a_failure_mid_draft_does_not_corrupt_the_cache(engines):
     handle.remove()
     for tokens in (context[:40] + [5, 6, 7], context + [9]):
         assert engine.draft(tokens, 8) == hf_greedy(model, tokens, 8)
+
+
+@pytest.mark.parametrize("sessions", [True, False])
+@pytest.mark.parametrize("extra", [0, 20])
+def test_a_context_that_is_a_prefix_of_another_conversation_never_takes_its_cache(
+    hf_checkpoint, sessions, extra
+):
+    """Conversation B posts A's first 100 tokens (parallel samples, retries, best-of-n), or those and 20 of its
+    own: it shares A's full pages by content and computes only its partial page; A's next call still finds
+    its whole context and the drafts fed back (the fault: B took A's sequence over, A fell to 100 of 302)."""
+    model, directory = hf_checkpoint("gqa2-untied")
+    engine = Engine.load(
+        str(directory),
+        EngineConfig(max_seq_len=512, max_batch_size=2, max_draft_tokens=8, kv_cache_tokens=4096),
+    )
+    page = engine.config.page_size
+    rng = np.random.default_rng(extra + sessions)
+    a = rng.integers(0, VOCAB, 300).tolist()
+    b = a[:100] + rng.integers(0, VOCAB, extra).tolist()
+    name_a, name_b = ("A", "B") if sessions else (None, None)
+    [first] = engine.draft_batch([DraftRequest(a, 8, name_a)])
+    assert first.tokens == hf_greedy(model, a, 8)
+    [other] = engine.draft_batch([DraftRequest(b, 8, name_b)])
+    assert other.tokens == hf_greedy(model, b, 8)
+    assert other.cached == (len(b) - 1) // page * page == other.shared  # A's full pages, nothing more
+    a = a + first.tokens[:2] + [int(rng.integers(VOCAB))]  # the target kept 2 drafts and added its own
+    [again] = engine.draft_batch([DraftRequest(a, 8, name_a)])
+    assert again.tokens == hf_greedy(model, a, 8)
+    assert again.cached == 302 and again.prefilled == 1
+    b = b + other.tokens[:1] + [int(rng.integers(VOCAB))]
+    [b_again] = engine.draft_batch([DraftRequest(b, 8, name_b)])
+    assert b_again.tokens == hf_greedy(model, b, 8)
+    assert b_again.cached == len(b) - 1  # B's own sequence, continued

@@ -2,8 +2,12 @@
 
 A *sequence* is one conversation's cached state: the token ids whose keys/values its pages hold (its last
 context and the drafts fed back into the decode loop) and the pages, in logical order. A request either
-*continues* a sequence — the one its session hint names, else one whose last context it extends (the target
-accepted some drafts and added its own) — or starts a new one. Either way it keeps the longest cached prefix
+*continues* a sequence — the one its session hint names, else one whose whole last context it extends (the
+target accepted some drafts and added its own) and that no other session holds — or starts a new one. Only
+a request naming a sequence's own session may cut it back (a rollback): a context that is a prefix of
+another conversation's (parallel samples of one prompt, retries, best-of-n, a shorter conversation sharing a
+system prompt) starts its own sequence on that one's full pages, found by content, and computes only its
+own partial page, so it never takes the other's cache. Either way it keeps the longest cached prefix
 it can find, its own or, through the prefix index, any conversation's full pages, and prefills the rest.
 Pages it will write must be its own: a page another sequence also holds is never written, so the reused
 prefix stops at that page's start (the partly matching page is recomputed, at most page_size - 1 tokens).
@@ -88,12 +92,12 @@ class SequenceTable:
         full_pages = reusable // size
         target, own = self.hinted(tokens, session, taken)
         if target is None:
-            target, own = self.continues_latest(tokens, taken, full_pages)
+            target, own = self.continues_latest(tokens, session, taken, full_pages)
         # A hinted or continued sequence holding every full page of the context leaves the index nothing to
         # offer (a growing conversation's usual call): skip hashing and looking up its whole context.
         matched = [] if own >= full_pages * size else self.index.match(tokens, full_pages)
         if target is None:
-            target, own = self.continued(tokens, matched, taken)
+            target, own = self.continued(tokens, session, matched, taken)
         if own >= len(matched) * size and target is not None:
             kept, reuse = target.pages[: -(-own // size)], own
         else:
@@ -131,7 +135,7 @@ class SequenceTable:
         while no batch is being placed."""
         target, own = self.hinted(tokens, session, set())
         if target is None:
-            target, own = self.continues_latest(tokens, set(), 0)
+            target, own = self.continues_latest(tokens, session, set(), 0)
         return max(own, 0)
 
     def hinted(self, tokens, session, taken) -> tuple[Sequence | None, int]:
@@ -141,31 +145,36 @@ class SequenceTable:
             return None, -1
         return sequence, common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
 
-    def continues_latest(self, tokens, taken, full_pages: int) -> tuple[Sequence | None, int]:
+    def continues_latest(self, tokens, session, taken, full_pages: int) -> tuple[Sequence | None, int]:
         """The sequence placed last, if this request extends its last context past every full page (a lone
-        client's conversation, sessionless): no other sequence can then offer more than part of a page, so
-        neither the index nor the other sequences are searched."""
+        client's conversation): no other sequence can then offer more than part of a page, so neither the
+        index nor the other sequences are searched."""
         sequence = self.latest
-        if sequence is None or id(sequence) in taken:
+        if sequence is None or not self.may_continue(sequence, session, taken):
             return None, -1
-        reusable = tokens[: len(tokens) - 1]
-        reuse = common_prefix(reusable, sequence.tokens)
-        if reuse >= min(sequence.context_len, len(reusable)) and reuse >= full_pages * self.page_size:
+        reuse = common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
+        if reuse >= sequence.context_len and reuse >= full_pages * self.page_size:
             return sequence, reuse
         return None, -1
 
-    def continued(self, tokens, matched, taken) -> tuple[Sequence | None, int]:
-        """Without a hint: the sequence whose last context this request extends, and how many of its tokens
-        the request reuses."""
+    @staticmethod
+    def may_continue(sequence: Sequence, session: str | None, taken: set[int]) -> bool:
+        """Unhinted, a request may continue a sequence no other request of its batch has and no other
+        session holds (a sessionless one continues only sessionless sequences)."""
+        return id(sequence) not in taken and sequence.session in (None, session)
+
+    def continued(self, tokens, session, matched, taken) -> tuple[Sequence | None, int]:
+        """Without a hint: the sequence whose whole last context this request extends, and how many of its
+        tokens the request reuses."""
         reusable = tokens[: len(tokens) - 1]
         best, best_reuse = None, -1
         for sequence in self.sequences:
-            if id(sequence) in taken or (
+            if not self.may_continue(sequence, session, taken) or (
                 matched and sequence.pages[len(matched) - 1 : len(matched)] != matched[-1:]
             ):
                 continue
             reuse = common_prefix(reusable, sequence.tokens)
-            if reuse >= min(sequence.context_len, len(reusable)) and reuse > best_reuse:
+            if reuse >= sequence.context_len and reuse > best_reuse:
                 best, best_reuse = sequence, reuse
         return best, best_reuse
 

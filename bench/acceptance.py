@@ -37,6 +37,7 @@ from bench.prompts import (
     random_prompts,
     read_prompt_lines,
 )
+from bench.refusals import ServerRefused
 from drafter.client import DraftClient, DraftRequestError, TransportError
 from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
 
@@ -259,7 +260,10 @@ def main(argv=None) -> int:
         report = build_report(args, info, measure(args, model, client, prompts, warmup))
         if args.json:
             args.json.write_text(json.dumps(report, indent=1) + "\n")
-    except (BenchError, DraftRequestError, OSError) as error:
+    except DraftRequestError as error:
+        print(f"acceptance: error: {ServerRefused.from_client(error)}", file=sys.stderr)
+        return 2
+    except (BenchError, OSError) as error:
         print(f"acceptance: error: {error}", file=sys.stderr)
         return 2
     finally:

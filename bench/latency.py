@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from bench import baselines, machine, report, runners
+from bench.refusals import exits_2_on_refusal
 from bench.server import ServerProcess
 from bench.workload import PATTERNS, Conversation, longest_context
 from engine.config import EngineConfig
@@ -184,6 +185,7 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
     return run, {"checkpoint": "same weights as the engine"}, lambda: None
 
 
+@exits_2_on_refusal
 def main(argv=None) -> int:
     args = parse_args(argv)
     cases = sweep_cases(args)
@@ -203,36 +205,35 @@ def main(argv=None) -> int:
     rows, variants = [], {}
     with tempfile.TemporaryDirectory(prefix="drafter-bench-") as scratch:
         checkpoint = write_preset(args.model, scratch) if is_preset(args.model) else args.model
-        progress = tqdm(total=len(work), desc="latency", unit="case", file=sys.stderr)
-        for variant in args.variants:
-            run, variants[variant], close = open_variant(variant, args, sizes, str(checkpoint))
-            try:
-                for _, case in [w for w in work if w[0] == variant]:
-                    progress.set_postfix_str(f"{variant} {case['pattern']} ctx={case['context_len']}")
-                    floor = machine.floor_ms(
-                        weights, kv_per_position, bandwidth, case["context_len"], case["num_draft_tokens"],
-                        case["concurrency"],
-                    )  # fmt: skip
-                    step = machine.step_bytes(
-                        weights,
-                        kv_per_position,
-                        case["context_len"],
-                        case["num_draft_tokens"],
-                        case["concurrency"],
-                    )
-                    rows.append(
-                        report.summarize(
-                            {"variant": variant, **case, "step_mb": step / 1e6}, run(case), floor
+        with tqdm(total=len(work), desc="latency", unit="case", file=sys.stderr) as progress:
+            for variant in args.variants:
+                run, variants[variant], close = open_variant(variant, args, sizes, str(checkpoint))
+                try:
+                    for _, case in [w for w in work if w[0] == variant]:
+                        progress.set_postfix_str(f"{variant} {case['pattern']} ctx={case['context_len']}")
+                        floor = machine.floor_ms(
+                            weights, kv_per_position, bandwidth, case["context_len"], case["num_draft_tokens"],
+                            case["concurrency"],
+                        )  # fmt: skip
+                        step = machine.step_bytes(
+                            weights,
+                            kv_per_position,
+                            case["context_len"],
+                            case["num_draft_tokens"],
+                            case["concurrency"],
                         )
-                    )
-                    progress.update()
-            finally:
-                close()
-                del run
-                gc.collect()
-                if args.device.startswith("cuda"):
-                    torch.cuda.empty_cache()
-        progress.close()
+                        rows.append(
+                            report.summarize(
+                                {"variant": variant, **case, "step_mb": step / 1e6}, run(case), floor
+                            )
+                        )
+                        progress.update()
+                finally:
+                    close()
+                    del run
+                    gc.collect()
+                    if args.device.startswith("cuda"):
+                        torch.cuda.empty_cache()
     report.add_ratios(rows)
     print(report.table(rows))
     print(f"\nfloor: {weights / 1e6:.1f} MB of weights + {kv_per_position} B of KV per position per step, "

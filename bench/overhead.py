@@ -43,6 +43,7 @@ import orjson
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.refusals import ServerRefused, exits_2_on_refusal  # noqa: E402
 from bench.server import ServerProcess  # noqa: E402
 from drafter.client.protocol import parse_server_timing  # noqa: E402
 
@@ -76,7 +77,7 @@ def request(connection, method: str, path: str, body: bytes | None = None):
     response = connection.getresponse()
     data = response.read()
     if response.status != 200:
-        raise RuntimeError(f"{method} {path}: {response.status} {data[:200]!r}")
+        raise ServerRefused(response.status, data, f"{method} {path}")
     return response, data
 
 
@@ -108,6 +109,13 @@ class Caller:
         engine = timing.get("engine", model)
         self.samples.append((health, wall, engine / 1e3, timing["queue"] / 1e3, model / 1e3))
 
+    def call_keeping(self, failures: list[BaseException]) -> None:
+        """`call` in a client thread: its failure goes to `failures`, for the main thread to raise."""
+        try:
+            self.call()
+        except Exception as error:  # noqa: BLE001 - re-raised by the thread that waits for this one
+            failures.append(error)
+
 
 def metric(target: str, name: str) -> float:
     _, data = request(connect(target), "GET", "/metrics")
@@ -127,12 +135,15 @@ def measure(targets: list[str], tokens: list[int], k: int, calls: int, clients: 
     }
     for _ in range(calls):
         for target in targets:  # alternate, so drift of a shared machine hits every target alike
-            threads = [threading.Thread(target=c.call) for c in callers[target][1:]]
+            failures: list[BaseException] = []
+            threads = [threading.Thread(target=c.call_keeping, args=(failures,)) for c in callers[target][1:]]
             for thread in threads:
                 thread.start()
             callers[target][0].call()
             for thread in threads:
                 thread.join()
+            if failures:  # a refusal in a client thread is the run's, said once
+                raise failures[0]
     rows = []
     for target in targets:
         drafted = metric(target, "drafter_batch_size_sum") - before[target][0]
@@ -179,6 +190,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@exits_2_on_refusal
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from bench.refusals import NoDrafts
 from bench.workload import Conversation
 from drafter.client import AsyncDraftClient
 from engine.requests import DraftRequest
@@ -58,10 +59,6 @@ def sequential_round(drafters: list) -> DraftRound:
     return draft_round
 
 
-class HTTPError(RuntimeError):
-    """The server refused a benchmark request; the benchmark stops instead of timing errors."""
-
-
 def run_http(
     url: str, conversations: list[Conversation], k: int, calls: int, headers: dict, tag: str
 ) -> list[float]:
@@ -88,7 +85,7 @@ async def _client(client: AsyncDraftClient, conversation: Conversation, k: int, 
         drafts = await conversation_session.draft(context, k)
         elapsed = time.perf_counter() - start
         if drafts.skipped is not None:
-            raise HTTPError(f"POST /draft gave no drafts: {drafts.skipped}")
+            raise NoDrafts(drafts.skipped)  # the benchmark stops instead of timing skipped calls
         if call:
             latencies.append(elapsed)
         conversation.accept(drafts.tokens)

@@ -29,6 +29,7 @@ import orjson
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.refusals import ServerRefused, exits_2_on_refusal  # noqa: E402
 from bench.server import BenchServer  # noqa: E402
 
 SCENARIOS = {"p=0.9": [0.9], "p=0.6": [0.6], "p=0.3": [0.3], "0.9→0.3": [0.9, 0.3]}
@@ -43,7 +44,7 @@ def timing(response: httpx.Response) -> dict[str, float]:
 def post(client: httpx.Client, body: dict) -> httpx.Response:
     response = client.post("/draft", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
     if response.status_code != 200:
-        raise RuntimeError(f"the server refused a benchmark call: {response.status_code} {response.text}")
+        raise ServerRefused(response.status_code, response.content)
     return response
 
 
@@ -180,7 +181,8 @@ def report_protocol(protocol_rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
+@exits_2_on_refusal
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running server (started with --target-verify-ms 25)")
     parser.add_argument("--seeds", type=int, default=2, help="conversations per strategy and scenario [2]")
@@ -217,7 +219,8 @@ def main(argv=None) -> None:
     print(report(adaptive_rows, protocol_rows))
     if args.json:
         args.json.write_text(json.dumps({"adaptive": adaptive_rows, "protocol": protocol_rows}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -40,7 +40,7 @@ BAD_V2 = {
         400,
         "invalid_request",
         "tokens",
-        "4096",
+        "prefix_len + len(tokens) + num_draft_tokens must be at most 4096",
     ),
     "empty tokens past max": (
         {"prefix_len": MAX_SEQ_LEN - 3, "tokens": []},

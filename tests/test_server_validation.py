@@ -45,7 +45,12 @@ BAD_BODIES = {
     "token past vocab": ({"tokens": [1024]}, 400, "tokens", "[0, 1024)"),
     "token past int64": ({"tokens": [1, 2**64 - 1]}, 400, "tokens", "[0, 1024)"),  # JSON allows it
     "token huge": (b'{"tokens": [100000000000000000000000]}', 400, "tokens", "integers"),
-    "context too long": ({"tokens": [1] * 500, "num_draft_tokens": 16}, 400, "tokens", "512"),
+    "context too long": (
+        {"tokens": [1] * 500, "num_draft_tokens": 16},
+        400,
+        "tokens",
+        "len(tokens) + num_draft_tokens must be at most 512",
+    ),
     "k zero": ({"tokens": [1], "num_draft_tokens": 0}, 400, "num_draft_tokens", "[1, 16]"),
     "k past max": ({"tokens": [1], "num_draft_tokens": 17}, 400, "num_draft_tokens", "[1, 16]"),
     "k is bool": ({"tokens": [1], "num_draft_tokens": True}, 400, "num_draft_tokens", "integer"),
@@ -61,6 +66,16 @@ BAD_BODIES = {
     "unknown odd field": ({"tokens": [1], f"<{MARKER}>": 1}, 400, None, "unknown field"),
     "too large": ({"tokens": [1] * (MAX_BODY_BYTES // 2)}, 413, None, f"{MAX_BODY_BYTES} bytes"),
 }
+
+
+def test_v1_context_limit_names_only_the_fields_a_v1_call_sends(client):
+    response = client.post("/draft", json={"tokens": [1] * 500, "num_draft_tokens": 16})
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert (
+        message.startswith("len(tokens) + num_draft_tokens must be at most 512")
+        and "prefix_len" not in message
+    )
 
 
 @pytest.mark.parametrize("name", BAD_BODIES)

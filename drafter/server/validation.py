@@ -138,9 +138,14 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
         raise invalid("tokens must not be empty (unless prefix_len is at least 1)", "tokens")
     context_len = len(tokens) + (prefix_len or 0)
     if context_len + num_draft_tokens > limits.max_seq_len:
+        # Worded for the form the caller used: a full-context (v1) call never sent a prefix_len.
+        total = (
+            "len(tokens) + num_draft_tokens"
+            if prefix_len is None
+            else "prefix_len + len(tokens) + num_draft_tokens"
+        )
         raise invalid(
-            f"prefix_len + len(tokens) + num_draft_tokens must be at most {limits.max_seq_len} "
-            f"(the max context), got {context_len} + {num_draft_tokens}",
+            f"{total} must be at most {limits.max_seq_len} (the max context), got {context_len} + {num_draft_tokens}",
             "tokens",
         )
     if not tokens:

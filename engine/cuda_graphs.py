@@ -55,5 +55,16 @@ class CapturedLoops:
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
         self.capture_seconds = time.perf_counter() - started
 
+    def describe(self, spans, tiers) -> dict:
+        """What readiness and /info show of the capture."""
+        return {
+            "batch_buckets": sorted({bucket for bucket, _, _ in self.graphs}),
+            "kv_buckets": list(spans),
+            "draft_length_tiers": list(tiers),
+            "num_graphs": len(self.graphs),
+            "memory_bytes": self.memory_bytes,
+            "capture_seconds": self.capture_seconds,
+        }
+
     def replay(self, bucket: int, kv_len: int, num_steps: int) -> None:
         self.graphs[(bucket, kv_len, num_steps)].replay()

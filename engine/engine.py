@@ -138,27 +138,15 @@ class Engine:
         try:
             for bucket in self.buffers.values():
                 self.reset_buffers(bucket)
+            steps = [decode_steps(tier, None, ahead=True) for tier in self.config.tiers]
             graphs.capture(
-                self.step,
-                self.buffers,
-                self.spans,
-                [decode_steps(tier, None, ahead=True) for tier in self.config.tiers],
-                self.rope,
-                self.pool.tensors,
-                self.flex_pages,
+                self.step, self.buffers, self.spans, steps, self.rope, self.pool.tensors, self.flex_pages
             )
         except Exception as error:  # noqa: BLE001 - a failed capture must not take the server down
             self.lifecycle.fall_back(f"CUDA graph capture failed, serving without graphs: {error}")
             return
         self.graphs, self.static_shapes = graphs, True
-        self.lifecycle.captured = {
-            "batch_buckets": sorted(self.buffers),
-            "kv_buckets": list(self.spans),
-            "draft_length_tiers": list(self.config.tiers),
-            "num_graphs": len(graphs.graphs),
-            "memory_bytes": graphs.memory_bytes,
-            "capture_seconds": graphs.capture_seconds,
-        }
+        self.lifecycle.captured = graphs.describe(self.spans, self.config.tiers)
 
     def reset_buffers(self, buffers: DecodeBuffers) -> None:
         """Point every row at the scratch page, so warmup and capture never write a conversation's cache."""

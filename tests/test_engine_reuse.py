@@ -161,28 +161,35 @@ def test_a_failure_mid_draft_does_not_corrupt_the_cache(engines):
 
 
 @pytest.mark.parametrize("sessions", [True, False])
-@pytest.mark.parametrize("extra", [0, 20])
+@pytest.mark.parametrize("kind", ["prefix", "prefix and its own", "identical"])
 def test_a_context_that_is_a_prefix_of_another_conversation_never_takes_its_cache(
-    hf_checkpoint, sessions, extra
+    hf_checkpoint, sessions, kind
 ):
-    """Conversation B posts A's first 100 tokens (parallel samples, retries, best-of-n), or those and 20 of its
-    own: it shares A's full pages by content and computes only its partial page; A's next call still finds
-    its whole context and the drafts fed back (the fault: B took A's sequence over, A fell to 100 of 302)."""
+    """Conversation B posts A's first 100 tokens, or those and 20 of its own, or A's whole context (parallel
+    samples, retries, best-of-n): it shares A's full pages by content and computes only its partial page (a
+    sessionless repeat of A's exact context continues A's sequence, whose contents it leaves the same); A's
+    next call still finds its whole context and the drafts fed back (the fault: a B of A's first 100 took A's
+    sequence over, and A fell to 100 cached tokens of 302)."""
     model, directory = hf_checkpoint("gqa2-untied")
     engine = Engine.load(
         str(directory),
         EngineConfig(max_seq_len=512, max_batch_size=2, max_draft_tokens=8, kv_cache_tokens=4096),
     )
     page = engine.config.page_size
-    rng = np.random.default_rng(extra + sessions)
+    rng = np.random.default_rng(len(kind) + sessions)
     a = rng.integers(0, VOCAB, 300).tolist()
-    b = a[:100] + rng.integers(0, VOCAB, extra).tolist()
+    b = {
+        "prefix": a[:100],
+        "prefix and its own": a[:100] + rng.integers(0, VOCAB, 20).tolist(),
+        "identical": a,
+    }[kind]
     name_a, name_b = ("A", "B") if sessions else (None, None)
     [first] = engine.draft_batch([DraftRequest(a, 8, name_a)])
     assert first.tokens == hf_greedy(model, a, 8)
     [other] = engine.draft_batch([DraftRequest(b, 8, name_b)])
     assert other.tokens == hf_greedy(model, b, 8)
-    assert other.cached == (len(b) - 1) // page * page == other.shared  # A's full pages, nothing more
+    takes_over = kind == "identical" and not sessions  # a sessionless retry: A's own sequence, unchanged
+    assert other.cached == (len(b) - 1 if takes_over else (len(b) - 1) // page * page)
     a = a + first.tokens[:2] + [int(rng.integers(VOCAB))]  # the target kept 2 drafts and added its own
     [again] = engine.draft_batch([DraftRequest(a, 8, name_a)])
     assert again.tokens == hf_greedy(model, a, 8)
@@ -190,4 +197,16 @@ def test_a_context_that_is_a_prefix_of_another_conversation_never_takes_its_cach
     b = b + other.tokens[:1] + [int(rng.integers(VOCAB))]
     [b_again] = engine.draft_batch([DraftRequest(b, 8, name_b)])
     assert b_again.tokens == hf_greedy(model, b, 8)
-    assert b_again.cached == len(b) - 1  # B's own sequence, continued
+    # B's own sequence, continued; a sessionless B that shared A's went on past it: its full pages remain
+    assert b_again.cached == ((len(b) - 1) // page * page if takes_over else len(b) - 1)
+
+
+def test_a_sessionless_retry_of_the_same_context_reuses_its_sequence(engines):
+    """A client (or the startup cost probe) posting one context again continues its sequence: nothing is
+    prefilled again and no copy of the conversation piles up in the pool."""
+    _, engine, _ = engines
+    engine.reset_cache()
+    context = list(range(1, 41))
+    results = [engine.draft_batch([DraftRequest(context, 4)])[0] for _ in range(4)]
+    assert [r.prefilled for r in results] == [40, 1, 1, 1] and len(engine.table.sequences) == 1
+    assert len({tuple(r.tokens) for r in results}) == 1

@@ -2,12 +2,15 @@
 
 A *sequence* is one conversation's cached state: the token ids whose keys/values its pages hold (its last
 context and the drafts fed back into the decode loop) and the pages, in logical order. A request either
-*continues* a sequence — the one its session hint names, else one whose whole last context it extends (the
-target accepted some drafts and added its own) and that no other session holds — or starts a new one. Only
-a request naming a sequence's own session may cut it back (a rollback): a context that is a prefix of
-another conversation's (parallel samples of one prompt, retries, best-of-n, a shorter conversation sharing a
-system prompt) starts its own sequence on that one's full pages, found by content, and computes only its
-own partial page, so it never takes the other's cache. Either way it keeps the longest cached prefix
+*continues* a sequence — the one its session hint names, else one whose whole last context it repeats or
+extends (the target accepted some drafts and added its own) and that no other session holds — or starts a
+new one. Only a request naming a sequence's own session may cut it back below its last context (a
+rollback): a context that is a strict prefix of another conversation's (a shorter conversation on the same
+system prompt), or any context beside another session's (parallel samples of one prompt, retries,
+best-of-n under their own session names), starts its own sequence on the other's full pages, found by
+content, and computes only its own partial page, so it never takes the other's cache. (A sessionless
+request that repeats a sessionless sequence's last context exactly continues it: its drafts are the same,
+so the sequence's contents are too, and a retrying client does not pile up copies.) Either way it keeps the longest cached prefix
 it can find, its own or, through the prefix index, any conversation's full pages, and prefills the rest.
 Pages it will write must be its own: a page another sequence also holds is never written, so the reused
 prefix stops at that page's start (the partly matching page is recomputed, at most page_size - 1 tokens).
@@ -63,6 +66,19 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     differs = a[:n] != b[:n]
     return int(differs.argmax()) if differs.any() else n
+
+
+def covers_last_context(tokens: np.ndarray, reuse: int, sequence: Sequence) -> bool:
+    """Whether a context repeats or extends the sequence's last context, given `reuse`, its tokens but the
+    last in common with the sequence's: past the last context, or exactly it (the last token included)."""
+    if reuse >= sequence.context_len:
+        return True
+    last = sequence.context_len - 1
+    return (
+        reuse == last == len(tokens) - 1
+        and last < len(sequence.tokens)
+        and tokens[last] == sequence.tokens[last]
+    )
 
 
 class SequenceTable:
@@ -153,7 +169,7 @@ class SequenceTable:
         if sequence is None or not self.may_continue(sequence, session, taken):
             return None, -1
         reuse = common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
-        if reuse >= sequence.context_len and reuse >= full_pages * self.page_size:
+        if covers_last_context(tokens, reuse, sequence) and reuse >= full_pages * self.page_size:
             return sequence, reuse
         return None, -1
 
@@ -174,7 +190,7 @@ class SequenceTable:
             ):
                 continue
             reuse = common_prefix(reusable, sequence.tokens)
-            if reuse >= sequence.context_len and reuse > best_reuse:
+            if covers_last_context(tokens, reuse, sequence) and reuse > best_reuse:
                 best, best_reuse = sequence, reuse
         return best, best_reuse
 

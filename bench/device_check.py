@@ -25,8 +25,10 @@ every stage; `device_check.png` at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,11 +106,20 @@ def run_stage(stage: Stage, out: Path, work: Path, timeout_s: float) -> dict:
             spec_path = work / "stages" / f"{stage.slug}.spec.json"
             spec_path.write_text(json.dumps(stage.spec))
             command = [sys.executable, "-m", "bench.device_stages", str(spec_path)]
+        # A process group of its own: a stage stopped at its deadline takes its children (a server it
+        # spawned, pytest's) with it, so none holds the GPU or a port into the next stage.
+        process = subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            done = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
-            status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
+            returncode = process.wait(timeout=timeout_s)
+            status = "ok" if returncode == 0 else f"failed (exit {returncode})"
         except subprocess.TimeoutExpired:
             status = f"stopped at its deadline ({timeout_s:.0f} s)"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
     record = {"stage": stage.name, "status": status, "seconds": round(time.perf_counter() - started, 1)}
     result = {}
     if stage.kind == "pytest":
@@ -159,7 +170,7 @@ def main(argv=None) -> int:
     write_reports(out, result, "none (the plan)")
     failed = False
     for stage in stages:
-        if not budget.allows(stage.name, stage.min_s):
+        if not budget.allows(stage.name, stage.min_s + WRITE_RESERVE_S):
             continue
         timeout = min(stage.max_s, budget.left() - WRITE_RESERVE_S)
         print(f"stage {stage.name} (up to {timeout:.0f} s) ...", flush=True)
@@ -174,6 +185,8 @@ def main(argv=None) -> int:
         failed |= record["status"] != "ok"
         print(f"  {record['status']} in {record['seconds']} s", flush=True)
         write_reports(out, result, stage.name)
+    if budget.skipped:  # the stages the budget no longer held come after the last stage that ran
+        write_reports(out, result, "the end (skipped stages listed)")
     if result["results"]:
         plot(
             result["results"],

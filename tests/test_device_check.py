@@ -98,3 +98,13 @@ def test_device_check_budget_skips_what_does_not_fit_and_says_so():
     assert budget.allows("a short step", 5)
     assert not budget.allows("a long step", 60)
     assert len(budget.skipped) == 1 and budget.skipped[0].startswith("a long step: needs ~60 s")
+
+
+def test_device_check_skips_stages_its_budget_no_longer_holds_and_says_so(tmp_path):
+    done, result, table = run_check(tmp_path, "--budget-s", "1")
+    assert done.returncode == 0 and result["stages"] == []
+    assert [why.split(":")[0] for why in result["skipped"]] == [
+        "export fp8-weight-only", "fp8-weight-only flex in-process", "fp8-weight-only sdpa in-process",
+        "fp8-weight-only sdpa http",
+    ]  # fmt: skip
+    assert "skipped: export fp8-weight-only: needs ~25 s" in table

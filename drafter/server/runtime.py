@@ -133,7 +133,7 @@ class Runtime:
             config.batch_window_ms / 1e3,
             self.metrics,
             self.on_engine_failure,
-            self.observe_decode,
+            self.speculation.policy.observe,  # each batch's decode ms and the steps that ran
             self.inline,
         )
         log.info(
@@ -145,9 +145,6 @@ class Runtime:
             snapshot["stage_seconds"],
             snapshot["fallbacks"] or "none",
         )
-
-    def observe_decode(self, decode_ms: float, num_steps: int) -> None:
-        self.speculation.policy.observe(decode_ms, num_steps)
 
     def on_engine_failure(self, error: BaseException) -> None:
         # Readiness and liveness both fail from here on, so an orchestrator restarts the process.

@@ -44,10 +44,9 @@ class PagePool:
         self.v: LayerTensors = tuple(make(shape, dtype=dtype, device=device) for _ in layers)
         self.num_pages = num_pages
         self.page_size = page_size
-        self.cleared = np.zeros(num_pages, dtype=bool)  # [num_pages] zeroed or written since
-        self.clear_new([SCRATCH_PAGE])
-        self.cleared[:] = zeroed
-        self.cleared[SCRATCH_PAGE] = True
+        self.cleared = np.full(num_pages, zeroed, dtype=bool)  # [num_pages] zeroed or written since
+        self.cleared[SCRATCH_PAGE] = False
+        self.clear_new([SCRATCH_PAGE])  # zeroed whatever the pool's memory: padding reads it
 
     def clear_new(self, pages: list[int]) -> None:
         """Zero the pages among `pages` that were never used (one indexed write per layer tensor)."""
@@ -65,11 +64,6 @@ class PagePool:
     @property
     def tensors(self) -> tuple[LayerTensors, LayerTensors]:
         return self.k, self.v
-
-    @property
-    def pool_len(self) -> int:
-        """Slots in each layer's tensor: num_pages * page_size."""
-        return self.num_pages * self.page_size
 
     @property
     def num_bytes(self) -> int:

@@ -10,8 +10,9 @@ system prompt), or any context beside another session's (parallel samples of one
 best-of-n under their own session names), starts its own sequence on the other's full pages, found by
 content, and computes only its own partial page, so it never takes the other's cache. (A sessionless
 request that repeats a sessionless sequence's last context exactly continues it: its drafts are the same,
-so the sequence's contents are too, and a retrying client does not pile up copies.) Either way it keeps the longest cached prefix
-it can find, its own or, through the prefix index, any conversation's full pages, and prefills the rest.
+so the sequence's contents are too, and a retrying client does not pile up copies.) Either way it keeps
+the longest cached prefix it can find, its own or, through the prefix index, any conversation's full pages,
+and prefills the rest.
 Pages it will write must be its own: a page another sequence also holds is never written, so the reused
 prefix stops at that page's start (the partly matching page is recomputed, at most page_size - 1 tokens).
 

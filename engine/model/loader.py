@@ -140,8 +140,7 @@ def load_model(
             quantization, why = servable_quantization(
                 quantization_from_config(hf["quantization_config"]), device
             )
-            if why:
-                log.warning("%s", why)
+            if why:  # logged by the engine that records it (Lifecycle.fall_back)
                 fallbacks = (why,)
         tensors = read_tensors(checkpoint_files(directory))
         random_weights = hf.get(RANDOM_WEIGHTS_KEY) is True

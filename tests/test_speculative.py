@@ -21,8 +21,9 @@ class ScriptedDrafter:
     """Drafts `truth` (a continuation of `prompt`) from where the context has got to, with draft position
     `wrong_at`, if given, always wrong. Quacks like a DraftClient and its session."""
 
-    def __init__(self, prompt: list[int], truth: list[int], wrong_at: int | None = None):
-        self.prompt, self.truth, self.wrong_at = prompt, truth, wrong_at
+    def __init__(self, prompt: list[int], truth: list[int], wrong_at: int | None = None, auto_k: int = 6):
+        self.prompt, self.truth, self.wrong_at, self.auto_k = prompt, truth, wrong_at, auto_k
+        self.asked: list[int | str] = []
 
     def session(self):
         return self
@@ -35,7 +36,8 @@ class ScriptedDrafter:
 
     def draft(self, context: list[int], k: int) -> Drafts:
         assert context[: len(self.prompt)] == self.prompt
-        drafts = self.truth[len(context) - len(self.prompt) :][:k]
+        self.asked.append(k)
+        drafts = self.truth[len(context) - len(self.prompt) :][: self.auto_k if k == "auto" else k]
         if self.wrong_at is not None and self.wrong_at < len(drafts):
             drafts[self.wrong_at] = (drafts[self.wrong_at] + 1) % VOCAB_SIZE
         return Drafts(tokens=drafts)
@@ -73,6 +75,26 @@ def test_speculative_counts_rounds_and_positions(target):
     assert stats.num_rounds == 5 and stats.mean_accepted_tokens == 4
     assert stats.drafted == [5, 5, 5, 4, 4] and stats.accepted == [5, 5, 5, 0, 0]
     assert stats.acceptance_by_position == [1, 1, 1, 0, 0] and len(stats.draft_call_ms) == 5
+
+
+def test_speculative_auto_lets_the_server_pick_k_and_drops_drafts_past_the_room(target):
+    prompt = list(range(40, 60))
+    truth = hf_greedy(target, prompt, 30)
+    stats = SpeculationStats(num_draft_tokens="auto")
+    drafter = ScriptedDrafter(prompt, truth, auto_k=6)
+    out = generate(target, prompt, custom_generate=speculative_decoding, draft_client=drafter,
+                   num_draft_tokens="auto", speculation_stats=stats, max_new_tokens=16, do_sample=False)  # fmt: skip
+    # 6 drafts + 1 twice (14 tokens), then room for one draft: the server's other 5 are dropped.
+    assert out == truth[:16] and drafter.asked == ["auto"] * 3
+    assert [drafts for drafts, _, _ in stats.round_log] == [6, 6, 1] and stats.drafted == [3, 2, 2, 2, 2, 2]
+    assert stats.acceptance_by_position == [1.0] * 6 and stats.mean_accepted_tokens == 16 / 3
+
+
+@pytest.mark.parametrize("k", [0, -1, "eight", 2.0])
+def test_speculative_refuses_a_bad_num_draft_tokens(target, k):
+    with pytest.raises(ValueError, match="num_draft_tokens must be a positive integer or"):
+        speculative_decoding(target, torch.tensor([[1, 2]]), draft_client=None, num_draft_tokens=k,
+                             max_new_tokens=4, do_sample=False)  # fmt: skip
 
 
 def test_speculative_plain_function_is_generate_with_custom_generate(target):

@@ -26,6 +26,12 @@ import torch
 from drafter.client import DraftClient
 
 DEFAULT_NUM_DRAFT_TOKENS = 8
+AUTO = "auto"
+
+
+def check_num_draft_tokens(num_draft_tokens) -> None:
+    if num_draft_tokens != AUTO and (type(num_draft_tokens) is not int or num_draft_tokens < 1):
+        raise ValueError(f'num_draft_tokens must be a positive integer or "auto", got {num_draft_tokens!r}')
 
 
 @dataclass
@@ -33,21 +39,31 @@ class SpeculationStats:
     """What the rounds did. A round is one target forward pass; `num_kept` counts the tokens rounds added
     (accepted drafts + the target's own), so `mean_accepted_tokens` is k + 1 for a perfect drafter."""
 
-    num_draft_tokens: int
+    num_draft_tokens: int | str  # k, or "auto": the server picks k per round
     num_rounds: int = 0
     num_kept: int = 0
     num_skipped: int = 0  # rounds the server answered no drafts to (see Drafts.skipped)
-    drafted: list[int] = field(init=False)  # [k]: rounds that drafted position i
+    drafted: list[int] = field(init=False)  # [k]: rounds that drafted position i ("auto": the longest yet)
     accepted: list[int] = field(init=False)  # [k]: ... in which draft i was accepted
-    draft_call_ms: list[float] = field(default_factory=list)
+    draft_call_ms: list[float] = field(default_factory=list)  # per call, as the target waited for it
+    draft_engine_ms: list[float] = field(default_factory=list)  # per call, the server's engine time in it
+    verify_ms: list[float] = field(default_factory=list)  # per round, the target's forward pass and choice
+    round_log: list[tuple[int, int, bool]] = field(default_factory=list)  # per round: drafts, kept, called
 
     def __post_init__(self):
-        self.drafted = [0] * self.num_draft_tokens
-        self.accepted = [0] * self.num_draft_tokens
+        check_num_draft_tokens(self.num_draft_tokens)
+        fixed = 0 if self.num_draft_tokens == AUTO else self.num_draft_tokens
+        self.drafted = [0] * fixed
+        self.accepted = [0] * fixed
 
-    def record(self, num_drafts: int, num_accepted: int, num_kept: int) -> None:
+    def record(self, num_drafts: int, num_accepted: int, num_kept: int, called: bool = True) -> None:
         self.num_rounds += 1
         self.num_kept += num_kept
+        self.round_log.append((num_drafts, num_kept, called))
+        grow = num_drafts - len(self.drafted)
+        if grow > 0:
+            self.drafted += [0] * grow
+            self.accepted += [0] * grow
         for i in range(num_drafts):
             self.drafted[i] += 1
             self.accepted[i] += i < num_accepted
@@ -70,7 +86,7 @@ def speculative_decoding(
     generation_config=None,
     *,
     draft_client: DraftClient,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    num_draft_tokens: int | str = DEFAULT_NUM_DRAFT_TOKENS,
     speculation_stats: SpeculationStats | None = None,
     **model_kwargs,
 ) -> torch.LongTensor:
@@ -79,7 +95,9 @@ def speculative_decoding(
     itself as custom_generate, so both uses share one loop and `generate`'s argument handling.
 
     `draft_client` is a DraftClient (or anything with `session()` whose `draft(context, k)` returns Drafts).
-    Returns the prompt followed by the new tokens, as `generate` does."""
+    `num_draft_tokens`: k per round, or "auto" (the server picks k per round from the session's acceptance
+    and its load; drafts past the room left are dropped). Returns the prompt followed by the new tokens, as
+    `generate` does."""
     if generation_config is None:
         return model.generate(
             input_ids,
@@ -131,13 +149,16 @@ def decode(
     context = input_ids[0].tolist()
     while True:
         # Leave room for the target's own token: at most max_length tokens come out, nothing is truncated.
-        k = min(num_draft_tokens, config.max_length - len(context) - 1)
-        drafts = draft(session, context, k, stats, model.config.vocab_size) if k > 0 else []
+        room = config.max_length - len(context) - 1
+        k = min(num_draft_tokens, room) if num_draft_tokens != AUTO else AUTO
+        drafts = draft(session, context, k, room, stats, model.config.vocab_size) if room > 0 else []
+        started = time.perf_counter()
         logits = verify_logits(model, cache, context, drafts)
         kept, num_accepted, done = choose(
             logits, context, drafts, logits_processor, stopping_criteria, config
         )
-        stats.record(len(drafts), num_accepted, len(kept))
+        stats.verify_ms.append((time.perf_counter() - started) * 1e3)
+        stats.record(len(drafts), num_accepted, len(kept), called=room > 0)
         context += kept
         if done:
             return torch.tensor([context], dtype=input_ids.dtype, device=input_ids.device)
@@ -146,12 +167,14 @@ def decode(
         cache.crop(len(context) - 1 - cache.get_seq_length())
 
 
-def draft(session, context: list[int], k: int, stats: SpeculationStats, vocab_size: int) -> list[int]:
+def draft(session, context: list[int], k, room: int, stats: SpeculationStats, vocab_size: int) -> list[int]:
     started = time.perf_counter()
     answer = session.draft(context, k)
     stats.draft_call_ms.append((time.perf_counter() - started) * 1e3)
     stats.num_skipped += answer.skipped is not None
-    drafts = answer.tokens[:k]  # never trust a server to respect k
+    if "engine" in answer.server_timing_ms:
+        stats.draft_engine_ms.append(answer.server_timing_ms["engine"])
+    drafts = answer.tokens[: room if k == AUTO else k]  # never trust a server to respect k
     if drafts and not 0 <= min(drafts) <= max(drafts) < vocab_size:
         raise ValueError(f"the drafter sent token ids outside the target's vocabulary [0, {vocab_size})")
     return drafts

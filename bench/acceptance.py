@@ -1,26 +1,32 @@
-"""The acceptance benchmark: a transformers target decodes greedily with drafts from a running drafter server
-(drafter/integrations/transformers_generate.py, through drafter.client), and we measure the tokens each round gains, the speed against target-only greedy
-decoding on the same prompts, and that the two outputs agree token for token (lossless).
+"""The end-to-end benchmark: a transformers target decodes greedily, once alone and once per k with drafts
+from a running drafter server (drafter/integrations/transformers_generate.py, through drafter.client), on
+each workload; it reports the target's tokens/s both ways (the speedup), tokens per round, acceptance by
+position, the share of wall time spent waiting for drafts, whether the outputs are identical (lossless),
+and the same rounds replayed on a *projected* GPU (bench/projection.py).
 
-    python bench/acceptance.py --target DIR --url http://127.0.0.1:8000 [--prompts FILE] [--json OUT]
+    python bench/acceptance.py --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
+    python bench/acceptance.py --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
 
-The JSON report's `mean_accepted_tokens`, `acceptance_by_position` and `rounds` are defined by
-`SpeculationStats` in drafter/integrations/transformers_generate.py (a perfect drafter scores k + 1). Prompts are JSONL, one `{"tokens": [ids]}`,
-`{"text": "..."}` (needs the target's tokenizer) or bare list of ids per line; without a file, seeded random
-ids. Without --stop-at-eos both paths decode through EOS (`min_new_tokens` masks it, as `generate` does).
-Exit 2 on bad input or an unusable server (one line on stderr; a draft call the client had to skip counts
-as unusable, since acceptance measured without drafts means nothing), 1 if the outputs differ.
+`--testbed` takes the committed pair (bench/testbed/): its target, its workloads, and a server it starts on
+the drafter's FP8 weight-only export, told the target's measured verify time (what `"auto"` weighs k
+against). `--num-draft-tokens` takes a list, e.g. `2,4,8,16,auto`. Each `--prompts` file is a workload
+(named by its lines' "workload" field, else the file's stem): JSONL of `{"tokens": [ids]}`, `{"text": ...}`
+(needs the target's tokenizer) or bare lists of ids; without one, seeded random ids. `mean_accepted_tokens`,
+`acceptance_by_position` and `rounds` are SpeculationStats' (a perfect drafter scores k + 1). Without
+--stop-at-eos both paths decode through EOS (`min_new_tokens` masks it, as `generate` does). Exit 2 on bad
+input or an unusable server (one line on stderr; a draft call the client had to skip counts as unusable,
+since acceptance measured without drafts means nothing), 1 if any output differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -29,6 +35,9 @@ import torch
 from tqdm import tqdm
 
 import drafter.integrations.target
+from bench.acceptance_report import print_summary, summarize, write_outputs
+from bench.machine import describe
+from bench.projection import GpuModel, project
 from bench.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
@@ -39,14 +48,19 @@ from bench.prompts import (
 )
 from bench.refusals import ServerRefused
 from drafter.client import DraftClient, DraftRequestError, TransportError
-from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
+from drafter.integrations.transformers_generate import AUTO, SpeculationStats, speculative_decoding
 
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
 for noisy in ("torchao", "torch.utils._pytree"):
     logging.getLogger(noisy).setLevel(logging.ERROR)
 
-
 DRAFT_TIMEOUT_S = 60  # a benchmark waits for every draft; a target would not (drafter.client's policy)
+TESTBED = Path(__file__).resolve().parent / "testbed" / "pair"
+TESTBED_DRAFTERS = {
+    "weight-only": "drafter-fp8-weight-only",
+    "dynamic": "drafter-fp8-dynamic",
+    "bf16": "drafter",
+}
 
 
 def server_info(client: DraftClient) -> dict:
@@ -67,13 +81,8 @@ def target_greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bo
 
 
 def speculative_greedy(
-    model,
-    client: DraftClient,
-    prompt: list[int],
-    max_new_tokens: int,
-    stats: SpeculationStats,
-    stop_at_eos: bool,
-) -> list[int]:
+    model, client, prompt, max_new_tokens: int, stats: SpeculationStats, stop_at_eos: bool
+):
     skipped = stats.num_skipped
     kwargs = dict(draft_client=client, num_draft_tokens=stats.num_draft_tokens, speculation_stats=stats)
     new = generate(model, prompt, max_new_tokens, stop_at_eos, custom_generate=speculative_decoding, **kwargs)
@@ -102,11 +111,16 @@ def load_target(directory: Path, device: str, dtype: str):
         raise BenchError(str(error)) from None
 
 
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p99": None, "mean": None}
-    p50, p99 = np.percentile(values, [50, 99])
-    return {"p50": float(p50), "p99": float(p99), "mean": float(np.mean(values))}
+def draft_lengths(text: str) -> list[int | str]:
+    lengths = []
+    for word in text.split(","):
+        word = word.strip()
+        if word != AUTO and not (word.isdigit() and int(word) >= 1):
+            raise argparse.ArgumentTypeError(
+                f'expected positive integers or "auto", comma-separated, got {text!r}'
+            )
+        lengths.append(AUTO if word == AUTO else int(word))
+    return lengths
 
 
 def parse_args(argv):
@@ -119,35 +133,64 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--testbed", nargs="?", const=TESTBED, type=Path, help="the testbed pair's directory")
     parser.add_argument(
-        "--target", required=True, type=Path, help="HF checkpoint directory of the target, or a preset"
+        "--drafter", choices=TESTBED_DRAFTERS, default="weight-only", help="--testbed's drafter"
     )
-    parser.add_argument("--url", required=True, help="base URL of a running drafter server")
-    parser.add_argument("--prompts", type=Path, help="JSONL: {'tokens': [...]}, {'text': ...} or [ids]")
+    parser.add_argument("--target", type=Path, help="HF checkpoint directory of the target, or a preset")
+    parser.add_argument("--url", help="base URL of a running drafter server [--testbed: one it starts]")
+    parser.add_argument("--prompts", type=Path, action="append", help="a workload's JSONL (repeatable)")
     parser.add_argument("--json", type=Path, help="write the report here")
-    parser.add_argument("--max-new-tokens", type=positive, default=64)
-    parser.add_argument("--num-draft-tokens", type=positive, default=8)
+    parser.add_argument("--out", type=Path, help="write report.json, report.md and speedup.png here")
+    parser.add_argument("--max-new-tokens", type=positive, help="[--testbed: the recipe's, else 64]")
+    parser.add_argument(
+        "--num-draft-tokens", type=draft_lengths, help="e.g. 2,4,8,16,auto [8; --testbed: that]"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if cuda else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="[bfloat16 on CUDA, float32 on CPU]")
     parser.add_argument("--api-key", help="bearer token for the server [DRAFTER_API_KEY]")
     parser.add_argument("--stop-at-eos", action="store_true", help="end a prompt at EOS (both paths)")
+    defaults = GpuModel()
+    parser.add_argument("--gpu-verify-ms", type=float, default=defaults.verify_ms, help="projection's verify")
+    parser.add_argument("--gpu-draft-step-ms", type=float, default=defaults.draft_step_ms)
+    parser.add_argument("--gpu-draft-overhead-ms", type=float, default=defaults.draft_overhead_ms)
     args = parser.parse_args(argv)
+    if args.testbed:
+        from bench.testbed.recipe import FULL
+
+        args.target = args.target or args.testbed / "target"
+        args.prompts = args.prompts or sorted((args.testbed / "workloads").glob("*.jsonl"))
+        args.max_new_tokens = args.max_new_tokens or FULL.workload_new_tokens
+        args.num_draft_tokens = args.num_draft_tokens or [2, 4, 8, 16, AUTO]
+    elif args.target is None or args.url is None:
+        parser.error("give --testbed, or both --target and --url")
+    args.max_new_tokens = args.max_new_tokens or 64
+    args.num_draft_tokens = args.num_draft_tokens or [8]
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.api_key = args.api_key or os.environ.get("DRAFTER_API_KEY")
+    args.gpu = GpuModel(args.gpu_verify_ms, args.gpu_draft_step_ms, args.gpu_draft_overhead_ms)
     return args
 
 
-def prepare(args, client: DraftClient):
-    """The target, the prompts and a warm-up prompt, checked against the server's limits; the prompts
-    file is read before anything slow so that a typo fails at once."""
-    entries = read_prompt_lines(args.prompts) if args.prompts else None
-    info = server_info(client)
-    if args.num_draft_tokens > info["max_draft_tokens"]:
+def read_workloads(args) -> dict[str, list] | None:
+    """Workload name -> its prompt file's entries, read before anything slow so that a typo fails at once."""
+    if not args.prompts:
+        return None
+    workloads: dict[str, list] = {}
+    for path in args.prompts:
+        entries = read_prompt_lines(path)
+        first = entries[0][1]
+        name = first.get("workload") if isinstance(first, dict) else None
+        workloads.setdefault(name if isinstance(name, str) else path.stem, []).extend(entries)
+    return workloads
+
+
+def check_server(args, info: dict, vocab_size: int) -> None:
+    fixed = [k for k in args.num_draft_tokens if k != AUTO]
+    if fixed and max(fixed) > info["max_draft_tokens"]:
         raise BenchError(
-            f"--num-draft-tokens {args.num_draft_tokens}: the server drafts at most {info['max_draft_tokens']}"
+            f"--num-draft-tokens {max(fixed)}: the server drafts at most {info['max_draft_tokens']}"
         )
-    model = load_target(args.target, args.device, args.dtype)
-    vocab_size = model.config.vocab_size
     if info["vocab_size"] != vocab_size:
         raise BenchError(
             f"the drafter's vocabulary ({info['vocab_size']}) is not the target's ({vocab_size}); "
@@ -157,36 +200,41 @@ def prepare(args, client: DraftClient):
         raise BenchError(
             f"--max-new-tokens {args.max_new_tokens} exceeds the server's max context {info['max_context']}"
         )
-    prompts = load_prompts(args, entries, vocab_size, info["max_context"])
-    # Its own random ids (a prompt it shared would reach the server's cache warm), no longer than any prompt.
-    [warmup] = random_prompts(vocab_size, min(map(len, prompts)), (WARMUP_PROMPT_LEN,), WARMUP_SEED)
-    return model, prompts, warmup, info
 
 
-@dataclass
-class Measured:
-    stats: SpeculationStats
-    outputs: list[list[int]]
-    reference: list[list[int]]  # target-only
-    target_s: float = 0.0
-    speculative_s: float = 0.0
+def timed(function, *args) -> tuple[list[int], float]:
+    started = time.perf_counter()
+    out = function(*args)
+    return out, time.perf_counter() - started
 
 
-def measure(args, model, client: DraftClient, prompts, warmup) -> Measured:
-    """Both paths on every prompt, each timed as a whole, after one untimed warm-up of each."""
-    n, k, stop = args.max_new_tokens, args.num_draft_tokens, args.stop_at_eos
+def verify_ms_per_token(model, warmup: list[int], args) -> float:
+    """The target's greedy decode, ms per token (after one untimed run): what `"auto"` weighs k against."""
+    target_greedy(model, warmup, args.max_new_tokens, False)
+    _, seconds = timed(target_greedy, model, warmup, args.max_new_tokens, False)
+    return 1e3 * seconds / args.max_new_tokens
 
-    target_greedy(model, warmup, n, stop)
-    speculative_greedy(model, client, warmup, n, SpeculationStats(k), stop)
-    measured = Measured(SpeculationStats(k), [], [])
-    for prompt in tqdm(prompts, desc="acceptance", unit="prompt", file=sys.stderr):
-        started = time.perf_counter()
-        measured.reference.append(target_greedy(model, prompt, n, stop))
-        measured.target_s += time.perf_counter() - started
-        started = time.perf_counter()
-        measured.outputs.append(speculative_greedy(model, client, prompt, n, measured.stats, stop))
-        measured.speculative_s += time.perf_counter() - started
-    return measured
+
+def measure_workload(args, model, client, prompts, warmup, bar) -> list[dict]:
+    """Target alone on every prompt, then with drafts for each k; each k after an untimed warm-up."""
+    n, stop = args.max_new_tokens, args.stop_at_eos
+    reference, alone_s = [], 0.0
+    for prompt in prompts:
+        out, seconds = timed(target_greedy, model, prompt, n, stop)
+        reference.append(out)
+        alone_s += seconds
+        bar.update()
+    results = []
+    for k in args.num_draft_tokens:
+        speculative_greedy(model, client, warmup, n, SpeculationStats(k), stop)
+        stats, outputs, speculative_s = SpeculationStats(k), [], 0.0
+        for prompt in prompts:
+            out, seconds = timed(speculative_greedy, model, client, prompt, n, stats, stop)
+            outputs.append(out)
+            speculative_s += seconds
+            bar.update()
+        results.append(result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu))
+    return results
 
 
 def first_mismatch(output: list[int], reference: list[int]) -> int | None:
@@ -196,78 +244,140 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
     return next((i for i in range(shorter) if output[i] != reference[i]), shorter)
 
 
-def build_report(args, info: dict, measured: Measured) -> dict:
-    stats, outputs, reference = measured.stats, measured.outputs, measured.reference
-    target_s, speculative_s = measured.target_s, measured.speculative_s
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None, "mean": None}
+    p50, p99 = np.percentile(values, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "mean": float(np.mean(values))}
+
+
+def result(k, stats: SpeculationStats, outputs, reference, alone_s: float, speculative_s: float, gpu) -> dict:
     mismatches = [first_mismatch(out, ref) for out, ref in zip(outputs, reference, strict=True)]
+    tokens = sum(map(len, outputs))
+    wait_s = sum(stats.draft_call_ms) / 1e3
     return {
+        "num_draft_tokens": k,
         "mean_accepted_tokens": stats.mean_accepted_tokens,
         "acceptance_by_position": stats.acceptance_by_position,
-        "outputs": outputs,
-        "target_only_outputs": reference,
+        "mean_drafts_per_round": sum(d for d, _, _ in stats.round_log) / max(1, stats.num_rounds),
         "lossless": all(m is None for m in mismatches),
         "first_mismatch": mismatches,
-        "target_only_s": target_s,
+        "target_only_s": alone_s,
         "speculative_s": speculative_s,
-        "speedup": target_s / speculative_s,
+        "target_tokens_per_s": sum(map(len, reference)) / alone_s,
+        "speculative_tokens_per_s": tokens / speculative_s,
+        "speedup": alone_s / speculative_s,
+        "draft_wait_share": wait_s / speculative_s,
         "rounds": stats.num_rounds,
+        "split_ms_per_round": {
+            "verify": sum(stats.verify_ms) / max(1, stats.num_rounds),
+            "draft_engine": sum(stats.draft_engine_ms) / max(1, stats.num_rounds),
+            "draft_http_and_client": (sum(stats.draft_call_ms) - sum(stats.draft_engine_ms))
+            / max(1, stats.num_rounds),
+        },
         "draft_call_ms": percentiles(stats.draft_call_ms),
+        "projected_gpu": project(stats.round_log, gpu),
+        "outputs": outputs,
+        "target_only_outputs": reference,
+    }
+
+
+def prepare(args, client: DraftClient, model, workloads):
+    info = server_info(client)
+    check_server(args, info, model.config.vocab_size)
+    vocab_size = model.config.vocab_size
+    if workloads is None:
+        prompts = {"random": load_prompts(args, None, vocab_size, info["max_context"])}
+    else:
+        prompts = {
+            name: load_prompts(args, entries, vocab_size, info["max_context"])
+            for name, entries in workloads.items()
+        }
+    # Its own random ids (a prompt it shared would reach the server's cache warm), no longer than any prompt.
+    shortest = min(len(p) for ps in prompts.values() for p in ps)
+    [warmup] = random_prompts(vocab_size, shortest, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+    return prompts, warmup, info
+
+
+@contextlib.contextmanager
+def drafter_url(args, model):
+    """The server to use: --url, or for --testbed one started on the pair's drafter (stopped after)."""
+    if args.url:
+        yield args.url, None
+        return
+    from bench.server import ServerProcess
+
+    [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+    verify_ms = verify_ms_per_token(model, warmup, args)
+    model_dir = args.testbed / TESTBED_DRAFTERS[args.drafter]
+    flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
+    print(f"starting a drafter server on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
+    server = ServerProcess(flags, timeout_s=300)
+    try:
+        url = server.wait_ready()
+    except (RuntimeError, TimeoutError) as error:
+        server.close()
+        raise BenchError(f"the drafter server for --testbed did not start: {error}") from None
+    try:
+        yield url, verify_ms
+    finally:
+        server.close()
+
+
+def run(args) -> dict:
+    workloads = read_workloads(args)
+    model = load_target(args.target, args.device, args.dtype)
+    with (
+        drafter_url(args, model) as (url, verify_ms),
+        DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
+    ):
+        prompts, warmup, info = prepare(args, client, model, workloads)
+        total = sum(map(len, prompts.values())) * (1 + len(args.num_draft_tokens))
+        results = []
+        with tqdm(total=total, desc="acceptance", unit="decode", file=sys.stderr) as bar:
+            for workload, workload_prompts in prompts.items():
+                bar.set_postfix(workload=workload)
+                for row in measure_workload(args, model, client, workload_prompts, warmup, bar):
+                    results.append({"workload": workload, **row})
+    return {
+        "results": results,
+        "summary": summarize(results),
+        "lossless": all(r["lossless"] for r in results),
         "config": {
             "target": str(args.target),
-            "url": args.url,
+            "url": url if args.url else "started by --testbed",
             "num_draft_tokens": args.num_draft_tokens,
             "max_new_tokens": args.max_new_tokens,
             "stop_at_eos": args.stop_at_eos,
             "device": args.device,
             "dtype": args.dtype,
-            "num_prompts": len(outputs),
+            "num_prompts": {workload: len(p) for workload, p in prompts.items()},
+            "target_verify_ms_told_to_server": verify_ms,
             "drafter": {key: info.get(key) for key in ("model", "quantization", "device", "dtype")},
+            "gpu_model": args.gpu.as_dict(),
             "versions": {name: metadata.version(name) for name in ("torch", "transformers")},
         },
+        "machine": describe(args.device),
     }
-
-
-def print_summary(report: dict) -> None:
-    k, calls = report["config"]["num_draft_tokens"], report["draft_call_ms"]
-    by_position = " ".join("-" if a is None else f"{a:.2f}" for a in report["acceptance_by_position"])
-    print(
-        f"mean accepted tokens {report['mean_accepted_tokens']:.2f} per round, of at most {k + 1} "
-        f"({report['rounds']} rounds); acceptance by draft position: {by_position}"
-    )
-    print(
-        f"target-only {report['target_only_s']:.2f} s, speculative {report['speculative_s']:.2f} s: "
-        f"speedup {report['speedup']:.2f}x"
-    )
-    if calls["p50"] is not None:
-        print(
-            f"/draft calls: p50 {calls['p50']:.1f} ms, p99 {calls['p99']:.1f} ms, mean {calls['mean']:.1f} ms"
-        )
-    differing = [
-        f"prompt {i} at new token {m}" for i, m in enumerate(report["first_mismatch"]) if m is not None
-    ]
-    print("lossless: yes" if report["lossless"] else f"lossless: NO, output differs: {', '.join(differing)}")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        client = DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
-    except ValueError as error:  # a URL it cannot use
+        report = run(args)
+    except ValueError as error:  # a URL the client cannot use
         print(f"acceptance: error: {error}", file=sys.stderr)
         return 2
-    try:
-        model, prompts, warmup, info = prepare(args, client)
-        report = build_report(args, info, measure(args, model, client, prompts, warmup))
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=1) + "\n")
     except DraftRequestError as error:
         print(f"acceptance: error: {ServerRefused.from_client(error)}", file=sys.stderr)
         return 2
     except (BenchError, OSError) as error:
         print(f"acceptance: error: {error}", file=sys.stderr)
         return 2
-    finally:
-        client.close()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.out:
+        write_outputs(report, args.out)
     print_summary(report)
     return 0 if report["lossless"] else 1
 

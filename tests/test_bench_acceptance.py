@@ -49,11 +49,19 @@ def prompts_file(path) -> tuple[str, list[list[int]]]:
     return str(path), prompts
 
 
-def run(target, url, tmp_path, *args) -> tuple[int, dict]:
+def run_all(target, url, tmp_path, *args) -> tuple[int, dict]:
     _, directory = target
     out = tmp_path / "report.json"
     code = main(["--target", str(directory), "--url", url, "--device", "cpu", "--json", str(out), *args])
     return code, json.loads(out.read_text())
+
+
+def run(target, url, tmp_path, *args) -> tuple[int, dict]:
+    """One workload, one k: its result."""
+    code, report = run_all(target, url, tmp_path, *args)
+    [result] = report["results"]
+    assert report["lossless"] == result["lossless"]
+    return code, result
 
 
 def test_acceptance_own_weights_accept_every_draft(target, urls, tmp_path):
@@ -67,7 +75,7 @@ def test_acceptance_own_weights_accept_every_draft(target, urls, tmp_path):
     assert report["target_only_outputs"] == report["outputs"] and report["lossless"]
     assert report["mean_accepted_tokens"] == 9 and report["acceptance_by_position"] == [1.0] * 8
     assert report["rounds"] == 5 * len(prompts)  # 45 = 5 rounds of 8 drafts + the target's own token
-    assert report["config"]["num_prompts"] == 3 and report["draft_call_ms"]["p50"] > 0
+    assert report["draft_call_ms"]["p50"] > 0 and report["draft_wait_share"] > 0
 
 
 def test_acceptance_counts_clipped_final_rounds(target, urls, tmp_path):
@@ -157,3 +165,19 @@ def test_acceptance_unreachable_server_exits_2(target):
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "cannot reach the drafter" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_acceptance_runs_workloads_by_k_with_auto_and_writes_its_files(target, urls, tmp_path):
+    model, _ = target
+    path, prompts = prompts_file(tmp_path / "code.jsonl")
+    code, report = run_all(target, urls["same"], tmp_path, "--prompts", path, "--max-new-tokens=20",
+                           "--num-draft-tokens=4,auto", "--out", str(tmp_path / "out"))  # fmt: skip
+    assert code == 0 and report["lossless"]
+    fixed, auto = report["results"]
+    assert (fixed["workload"], fixed["num_draft_tokens"], auto["num_draft_tokens"]) == ("code", 4, "auto")
+    assert auto["outputs"] == [hf_greedy(model, prompt, 20) for prompt in prompts]
+    assert auto["mean_drafts_per_round"] >= 1 and set(auto["acceptance_by_position"]) == {1.0}
+    assert fixed["projected_gpu"]["speedup"] > 1  # every draft accepted: any cost model gains
+    assert report["summary"]["code"]["measured"]["best_fixed_k"] == 4
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.json", "report.md", "speedup.png"}
+    assert "| code | auto |" in (tmp_path / "out" / "report.md").read_text()

@@ -1,0 +1,124 @@
+"""bench/acceptance.py's report → per-workload summary (`"auto"` against the best fixed k chosen afterwards),
+a terminal summary, and the files of `--out`: report.json, report.md (the tables bench/README.md quotes)
+and speedup.png (speedup by k per workload, measured on this machine and projected for the GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+AUTO = "auto"
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per workload: the best fixed k afterwards (measured and projected), and `"auto"` against it."""
+    summary = {}
+    for workload in dict.fromkeys(r["workload"] for r in results):
+        rows = [r for r in results if r["workload"] == workload]
+        fixed = [r for r in rows if r["num_draft_tokens"] != AUTO]
+        auto = next((r for r in rows if r["num_draft_tokens"] == AUTO), None)
+        entry = {}
+        for name, speedup_of in (("measured", lambda r: r["speedup"]), ("projected", lambda r: r["projected_gpu"]["speedup"])):  # fmt: skip
+            best = max(fixed, key=speedup_of, default=None)
+            entry[name] = {
+                "best_fixed_k": best and best["num_draft_tokens"],
+                "best_fixed_speedup": best and speedup_of(best),
+                "auto_speedup": auto and speedup_of(auto),
+                "auto_over_best": (auto and best) and speedup_of(auto) / speedup_of(best),
+            }
+        summary[workload] = entry
+    return summary
+
+
+def fmt(value, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(report: dict) -> str:
+    config, machine = report["config"], report["machine"]
+    gpu = config["gpu_model"]
+    lines = [
+        f"Target `{config['target']}` ({config['device']}, {config['dtype']}), drafter {config['drafter']['model']} "
+        f"({config['drafter']['quantization']}), {config['max_new_tokens']} new tokens per prompt, "
+        f"prompts per workload {config['num_prompts']}; {machine['cpu']}, {machine['cpu_cores']} cores, "
+        f"{machine['date']}. Projected GPU: verify {gpu['verify_ms']} ms, draft "
+        f"{gpu['draft_overhead_ms']} ms + {gpu['draft_step_ms']} ms per token.",
+        "",
+        "| workload | k | alone tok/s | with drafts tok/s | speedup | tokens/round | drafts/round "
+        "| acceptance by position | waiting for drafts | lossless | projected GPU speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        by_position = " ".join(fmt(a) for a in r["acceptance_by_position"][:8])
+        if len(r["acceptance_by_position"]) > 8:
+            by_position += " ..."
+        lines.append(
+            f"| {r['workload']} | {r['num_draft_tokens']} | {r['target_tokens_per_s']:.1f} "
+            f"| {r['speculative_tokens_per_s']:.1f} | **{r['speedup']:.2f}** | {r['mean_accepted_tokens']:.2f} "
+            f"| {r['mean_drafts_per_round']:.1f} | {by_position} | {100 * r['draft_wait_share']:.0f}% "
+            f"| {'yes' if r['lossless'] else 'NO'} | {fmt(r['projected_gpu']['speedup'])} |"
+        )
+    lines += ["", '`"auto"` against the best fixed k chosen afterwards:', "",
+              "| workload | measured: best k | its speedup | auto | auto / best | projected: best k | its speedup "
+              "| auto | auto / best |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for workload, entry in report["summary"].items():
+        cells = []
+        for name in ("measured", "projected"):
+            e = entry[name]
+            cells += [
+                str(e["best_fixed_k"]),
+                fmt(e["best_fixed_speedup"]),
+                fmt(e["auto_speedup"]),
+                fmt(e["auto_over_best"]),
+            ]
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    lines += ["", "Where a round's time went, ms per round (verify: the target's forward; engine: the server's "
+              "drafting; HTTP and client: the rest of the call):", "",
+              "| workload | k | verify | draft engine | HTTP and client |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in report["results"]:
+        split = r["split_ms_per_round"]
+        lines.append(f"| {r['workload']} | {r['num_draft_tokens']} | {split['verify']:.2f} | "
+                     f"{split['draft_engine']:.2f} | {split['draft_http_and_client']:.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
+    for workload in report["summary"]:
+        rows = [r for r in report["results"] if r["workload"] == workload]
+        labels = [str(r["num_draft_tokens"]) for r in rows]
+        axes[0].plot(labels, [r["speedup"] for r in rows], marker="o", label=workload)
+        axes[1].plot(labels, [r["projected_gpu"]["speedup"] for r in rows], marker="o", label=workload)
+    for ax, title in zip(axes, (f"measured ({report['machine']['cpu']})", "projected GPU"), strict=True):
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(title=title, xlabel="num_draft_tokens", ylabel="target speedup")
+        ax.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_outputs(report: dict, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (directory / "report.md").write_text(markdown(report))
+    plot(report, directory / "speedup.png")
+
+
+def print_summary(report: dict) -> None:
+    for r in report["results"]:
+        print(
+            f"{r['workload']:>8} k={r['num_draft_tokens']!s:<4} speedup {r['speedup']:.2f}x "
+            f"(projected GPU {fmt(r['projected_gpu']['speedup'])}x), {r['mean_accepted_tokens']:.2f} tokens/round, "
+            f"waiting {100 * r['draft_wait_share']:.0f}%, lossless {'yes' if r['lossless'] else 'NO'}"
+        )
+        if not r["lossless"]:
+            differing = [
+                f"prompt {i} at new token {m}" for i, m in enumerate(r["first_mismatch"]) if m is not None
+            ]
+            print(f"  output differs: {', '.join(differing)}")

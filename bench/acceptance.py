@@ -216,8 +216,9 @@ def verify_ms_per_token(model, warmup: list[int], args) -> float:
 
 
 def measure_workload(args, model, client, prompts, warmup, bar) -> list[dict]:
-    """Target alone on every prompt, then with drafts for each k; each k after an untimed warm-up."""
+    """Target alone on every prompt, then with drafts for each k; each after an untimed warm-up."""
     n, stop = args.max_new_tokens, args.stop_at_eos
+    target_greedy(model, warmup, n, stop)
     reference, alone_s = [], 0.0
     for prompt in prompts:
         out, seconds = timed(target_greedy, model, prompt, n, stop)

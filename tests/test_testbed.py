@@ -29,6 +29,8 @@ def test_committed_pair_matches_the_recipe_and_is_a_real_pair():
     losses = report["held_out_loss"]
     assert losses["drafter"] - losses["target"] >= 0.3 and report["cost_ratio"] >= 6
     assert set(report["agreement"]) == {"prose", "code", "edit"}
+    code = report["agreement"]["code"]  # the bar for a pair that agrees where real pairs do
+    assert code["by_position"][0] >= 0.6 and code["tokens_per_round"]["8"] >= 2
 
 
 @pytest.fixture(scope="module")

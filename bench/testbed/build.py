@@ -1,7 +1,8 @@
-"""The build, step by step: corpus, tokenizer, target, drafter (distilled), the drafter's two FP8 exports,
-the workloads, the report, and last the manifest (the recipe's key, the corpus's hash, every file's
-sha256), which `check` compares against. Progress goes to stderr; the build writes into a staging folder and
-replaces the destination only when it has finished, so an interrupted build leaves the old pair intact.
+"""The build, step by step: corpus, tokenizer, target, the target's continuations, drafter (distilled on
+them), the drafter's two FP8 exports, the workloads, the report, and last the manifest (the recipe's key,
+the corpus's hash, every file's sha256), which `check` compares against. Progress goes to stderr; the
+build writes into a staging folder and replaces the destination only when it has finished, so an
+interrupted build leaves the old pair intact.
 
 Output (bench/testbed/pair/ by default):
     target/  drafter/                      HF directories (bfloat16, the tokenizer in each)
@@ -33,6 +34,7 @@ from bench.testbed.train import (
     flops_per_token,
     new_model,
     next_token_loss,
+    target_continuations,
     to_saved_precision,
     train,
     windows,
@@ -90,8 +92,13 @@ def build(recipe: Recipe, destination: Path) -> dict:
     target = new_model(recipe.target, recipe, recipe.seed)
     train(target, data, recipe.target_training, recipe.seed, "target", next_token_loss)
     target = to_saved_precision(target)  # the drafter learns from the target as shipped
+    continuations = target_continuations(
+        target, data, recipe.distillation_sequences, recipe.distillation_new_tokens, recipe.seed + 1
+    )
     drafter = new_model(recipe.drafter, recipe, recipe.seed + 1)
-    train(drafter, data, recipe.drafter_training, recipe.seed + 1, "drafter", distillation_loss(target))
+    train(
+        drafter, continuations, recipe.drafter_training, recipe.seed + 1, "drafter", distillation_loss(target)
+    )
     drafter = to_saved_precision(drafter)
 
     for name, model in (("target", target), ("drafter", drafter)):
@@ -155,7 +162,18 @@ def export_drafter(directory: Path) -> None:
 
     for mode in FP8_MODES:
         log.info("export: drafter, FP8 %s", mode)
-        run_export(str(directory / "drafter"), directory / f"drafter-fp8-{mode}", mode, force=True)
+        destination = directory / f"drafter-fp8-{mode}"
+        run_export(str(directory / "drafter"), destination, mode, force=True)
+        name_source_relatively(destination)
+
+
+def name_source_relatively(export_directory: Path) -> None:
+    """The export's report names its source by the path it was given, here the staging folder's: it
+    becomes the sibling it is committed beside, so two builds anywhere write the same bytes."""
+    path = export_directory / "report.json"
+    report = json.loads(path.read_text())
+    report["source"] = "../drafter"
+    path.write_text(json.dumps(report, indent=2) + "\n")  # as export writes it
 
 
 class MismatchError(Exception):

@@ -4,7 +4,9 @@ matches its recipe fails until the pair is rebuilt.
 
 The two models are Qwen3 (tied embeddings, as Qwen3-0.6B). The drafter's cost per token (2 x its
 parameters, the LM head included, in FLOPs) is about 1/6.3 of the target's, and it is distilled from the
-target's logits, as real drafters are. MINIATURE is the suite's: the same path, seconds instead of minutes.
+target's logits on the target's own greedy continuations, as real drafters are (on-policy data: what a
+drafter is asked to predict is what the target generates, not the corpus). MINIATURE is the suite's: the
+same path, seconds instead of minutes.
 """
 
 from __future__ import annotations
@@ -44,8 +46,12 @@ class Recipe:
     max_files: int | None = None  # None: the whole standard library
     target: ModelShape = ModelShape(256, 6, 4, 2, 768)
     drafter: ModelShape = ModelShape(128, 2, 2, 1, 384)
-    target_training: Training = Training(steps=560, batch_size=8, learning_rate=4e-3, warmup_steps=30)
-    drafter_training: Training = Training(steps=220, batch_size=8, learning_rate=4e-3, warmup_steps=20)
+    target_training: Training = Training(steps=800, batch_size=8, learning_rate=4e-3, warmup_steps=40)
+    # The drafter's data: this many training windows whose last `distillation_new_tokens` the target
+    # rewrites greedily; its steps go over them twice (generating costs more than a drafter step).
+    distillation_sequences: int = 1024
+    distillation_new_tokens: int = 128
+    drafter_training: Training = Training(steps=256, batch_size=8, learning_rate=4e-3, warmup_steps=20)
     eval_batches: int = 16
     workload_prompts: int = 8  # per workload
     workload_new_tokens: int = 128  # each prompt leaves this much room below seq_len
@@ -69,6 +75,8 @@ MINIATURE = replace(
     target=ModelShape(32, 2, 2, 1, 64, head_dim=16),
     drafter=ModelShape(16, 1, 1, 1, 32, head_dim=16),
     target_training=Training(steps=4, batch_size=2, learning_rate=3e-3, warmup_steps=1),
+    distillation_sequences=4,
+    distillation_new_tokens=16,
     drafter_training=Training(steps=3, batch_size=2, learning_rate=3e-3, warmup_steps=1),
     eval_batches=1,
     workload_prompts=1,

@@ -1,7 +1,10 @@
 """Training the pair: the target on the corpus's next tokens, then the drafter on the target's own
-distribution (its softmax over the same windows: distillation, as real drafters are made). Plain AdamW with
-warmup and cosine decay, seeded, on as many threads as the recipe's machine has (at most 2, so a bigger
-machine computes the same sums in the same order).
+distribution (its softmax: distillation, as real drafters are made) over windows whose ends the target has
+rewritten greedily. That on-policy data decides agreement: in a trial against one target (220 drafter
+steps each), a drafter distilled on corpus windows agreed with it on 31% of first draft positions on
+`code`, one distilled on its continuations on 74%. Plain AdamW with warmup and cosine decay, seeded, on as
+many threads as the recipe's machine has (at most 2, so a bigger machine computes the same sums in the
+same order).
 
 Models are transformers' Qwen3ForCausalLM (the oracle's own class) and are saved in bfloat16 as HF
 directories; every figure the report gives is measured on the saved weights.
@@ -115,6 +118,26 @@ def train(model, data: torch.Tensor, training: Training, seed: int, label: str, 
         )
     model.eval()
     return curve
+
+
+GENERATION_BATCH = 64
+
+
+@torch.inference_mode()
+def target_continuations(
+    target, data: torch.Tensor, sequences: int, new_tokens: int, seed: int
+) -> torch.Tensor:
+    """[sequences, seq_len + 1]: seeded training windows, each with its last `new_tokens` replaced by the
+    target's greedy continuation of the rest (EOS suppressed, so every row is full)."""
+    chosen = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:sequences]
+    prompts = data[chosen, : data.shape[1] - new_tokens]
+    rows = []
+    for batch in tqdm(prompts.split(GENERATION_BATCH), desc="target continuations", unit="batch",
+                      file=sys.stderr, mininterval=5):  # fmt: skip
+        rows.append(target.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False,
+                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                    pad_token_id=EOS_ID))  # fmt: skip
+    return torch.cat(rows)
 
 
 def next_token_loss(model, batch: torch.Tensor) -> torch.Tensor:

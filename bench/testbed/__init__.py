@@ -2,8 +2,8 @@
 reference docs), with held-out workloads (prose, code, edit), so that acceptance and speedup figures come
 from models that agree and disagree the way a real pair does, not from random weights.
 
-`python -m bench.testbed build` makes it (about 25 minutes on 2 cores, seeded, offline); the result is
+`python -m bench.testbed build` makes it (26 minutes on a 2-core AMD EPYC, seeded, offline); the result is
 committed in bench/testbed/pair/ (about 16 MB) with a manifest of the recipe's key and every file's hash,
 and the suite checks that the two match. Committed rather than cached, because every benchmark on every
-machine needs the same pair, a rebuild costs 25 minutes, and a reviewer can then read the figures it gave.
+machine needs the same pair, a rebuild costs 26 minutes, and a reviewer can then read the figures it gave.
 """

@@ -10,10 +10,11 @@ import shutil
 import pytest
 import torch
 
+from bench.prompts import read_prompt_lines
 from bench.testbed.__main__ import main as run_testbed_cli
 from bench.testbed.build import PAIR, MismatchError, build, check
 from bench.testbed.recipe import FULL, MINIATURE
-from bench.testbed.workloads import WORKLOADS, read_workload, token_budget
+from bench.testbed.workloads import WORKLOADS, token_budget
 from drafter.client import DraftClient
 from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
 from tests.oracle import hf_greedy
@@ -66,7 +67,7 @@ def test_miniature_tokenizer_and_workloads_agree(miniature):
     directory, _ = miniature
     tokenizer = AutoTokenizer.from_pretrained(directory / "target")
     for workload in WORKLOADS:
-        [prompt] = read_workload(directory / "workloads" / f"{workload}.jsonl")
+        [(_, prompt)] = read_prompt_lines(directory / "workloads" / f"{workload}.jsonl")
         assert prompt["workload"] == workload and prompt["tokens"][0] == tokenizer.eos_token_id
         # Cut from the document's own tokens, so that the prompt ends on a token boundary training saw.
         assert tokenizer.decode(prompt["tokens"][1:]) == prompt["text"]
@@ -82,7 +83,7 @@ def test_miniature_speculative_round_against_the_served_fp8_drafter_is_lossless(
     with ServerProcess(args) as server, DraftClient(server.url, timeout_s=30) as client:
         assert client.info()["quantization"] == "fp8-weight-only"
         for workload in WORKLOADS:
-            [prompt] = read_workload(directory / "workloads" / f"{workload}.jsonl")
+            [(_, prompt)] = read_prompt_lines(directory / "workloads" / f"{workload}.jsonl")
             stats = SpeculationStats(4)
             ids = torch.tensor([prompt["tokens"]])
             out = speculative_decoding(target, ids, draft_client=client, num_draft_tokens=4, speculation_stats=stats,

@@ -1,5 +1,5 @@
-"""`python -m bench.testbed build [--out DIR] [--miniature]`: builds the testbed pair (about 25 minutes on
-a 2-core CPU; the miniature takes seconds). `python -m bench.testbed check [DIR]`: the pair on disk matches
+"""`python -m bench.testbed build [--out DIR] [--miniature]`: builds the testbed pair (26 minutes on a
+2-core AMD EPYC; the miniature takes seconds). `python -m bench.testbed check [DIR]`: the pair on disk matches
 its recipe (exit 1 with the reason if not)."""
 
 from __future__ import annotations

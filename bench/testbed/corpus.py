@@ -69,10 +69,9 @@ def stdlib_documents(max_files: int | None = None) -> list[Document]:
 def load_corpus(held_out_per_mille: int, max_files: int | None = None) -> Corpus:
     documents = stdlib_documents(max_files)
     held = [d for d in documents if is_held_out(d.name, held_out_per_mille)]
-    if max_files is not None and not any(d.kind == "code" for d in held):  # a miniature still needs both
-        held += [next(d for d in documents if d.kind == "code")]
-    if max_files is not None and not any(d.kind == "prose" for d in held):
-        held += [next(d for d in documents if d.kind == "prose")]
+    for kind in ("code", "prose") if max_files is not None else ():  # a miniature still needs both held out
+        if not any(d.kind == kind for d in held):
+            held.append(next(d for d in documents if d.kind == kind))
     names = {d.name for d in held}
     return Corpus([d for d in documents if d.name not in names], held)
 

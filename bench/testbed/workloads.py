@@ -93,13 +93,13 @@ def build_workloads(corpus: Corpus, tokenizer, recipe: Recipe) -> dict[str, list
     budget, rng = token_budget(recipe), random.Random(recipe.seed)
     prose = [d for d in corpus.held_out if d.kind == "prose"]
     code = [d for d in corpus.held_out if d.kind == "code"]
-    cut = {
+    candidates = {
         "prose": prose_prompts(prose, tokenizer, budget),
         "code": code_prompts(code, tokenizer, budget, rng),
         "edit": edit_prompts(code, tokenizer, budget, rng, recipe.edit_lines),
     }
     workloads = {}
-    for workload, prompts in cut.items():
+    for workload, prompts in candidates.items():
         chosen = prompts[: recipe.workload_prompts]
         if not chosen:
             raise ValueError(f"the held-out documents give no {workload} prompt")
@@ -126,7 +126,3 @@ def write_workloads(workloads: dict[str, list[dict]], directory: Path) -> None:
     for workload, prompts in workloads.items():
         lines = [json.dumps(prompt, ensure_ascii=False) for prompt in prompts]
         (directory / f"{workload}.jsonl").write_text("\n".join(lines) + "\n")
-
-
-def read_workload(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

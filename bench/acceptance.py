@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -30,14 +31,13 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 import drafter.integrations.target
-from bench.acceptance_report import print_summary, summarize, write_outputs
+from bench.acceptance_report import print_summary, result, summarize, write_outputs
 from bench.machine import describe
-from bench.projection import GpuModel, project
+from bench.projection import GpuModel
 from bench.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
@@ -155,6 +155,8 @@ def parse_args(argv):
     parser.add_argument("--gpu-draft-step-ms", type=float, default=defaults.draft_step_ms)
     parser.add_argument("--gpu-draft-overhead-ms", type=float, default=defaults.draft_overhead_ms)
     args = parser.parse_args(argv)
+    if args.out and importlib.util.find_spec("matplotlib") is None:  # before the run, not after it
+        parser.error("--out draws speedup.png with matplotlib: pip install -e '.[bench]'")
     if args.testbed:
         from bench.testbed.recipe import FULL
 
@@ -236,51 +238,6 @@ def measure_workload(args, model, client, prompts, warmup, bar) -> list[dict]:
             bar.update()
         results.append(result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu))
     return results
-
-
-def first_mismatch(output: list[int], reference: list[int]) -> int | None:
-    if output == reference:
-        return None
-    shorter = min(len(output), len(reference))
-    return next((i for i in range(shorter) if output[i] != reference[i]), shorter)
-
-
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p99": None, "mean": None}
-    p50, p99 = np.percentile(values, [50, 99])
-    return {"p50": float(p50), "p99": float(p99), "mean": float(np.mean(values))}
-
-
-def result(k, stats: SpeculationStats, outputs, reference, alone_s: float, speculative_s: float, gpu) -> dict:
-    mismatches = [first_mismatch(out, ref) for out, ref in zip(outputs, reference, strict=True)]
-    tokens = sum(map(len, outputs))
-    wait_s = sum(stats.draft_call_ms) / 1e3
-    return {
-        "num_draft_tokens": k,
-        "mean_accepted_tokens": stats.mean_accepted_tokens,
-        "acceptance_by_position": stats.acceptance_by_position,
-        "mean_drafts_per_round": sum(d for d, _, _ in stats.round_log) / max(1, stats.num_rounds),
-        "lossless": all(m is None for m in mismatches),
-        "first_mismatch": mismatches,
-        "target_only_s": alone_s,
-        "speculative_s": speculative_s,
-        "target_tokens_per_s": sum(map(len, reference)) / alone_s,
-        "speculative_tokens_per_s": tokens / speculative_s,
-        "speedup": alone_s / speculative_s,
-        "draft_wait_share": wait_s / speculative_s,
-        "rounds": stats.num_rounds,
-        "split_ms_per_round": {
-            "verify": sum(stats.verify_ms) / max(1, stats.num_rounds),
-            "draft_engine": sum(stats.draft_engine_ms) / max(1, stats.num_rounds),
-            "draft_http_and_client": (sum(stats.draft_call_ms) - sum(stats.draft_engine_ms))
-            / max(1, stats.num_rounds),
-        },
-        "draft_call_ms": percentiles(stats.draft_call_ms),
-        "projected_gpu": project(stats.round_log, gpu),
-        "outputs": outputs,
-        "target_only_outputs": reference,
-    }
 
 
 def prepare(args, client: DraftClient, model, workloads):

@@ -1,13 +1,65 @@
-"""bench/acceptance.py's report → per-workload summary (`"auto"` against the best fixed k chosen afterwards),
-a terminal summary, and the files of `--out`: report.json, report.md (the tables bench/README.md quotes)
-and speedup.png (speedup by k per workload, measured on this machine and projected for the GPU)."""
+"""bench/acceptance.py's report: each run's record (from its SpeculationStats and outputs), the per-workload
+summary (`"auto"` against the best fixed k chosen afterwards), a terminal summary, and the files of `--out`:
+report.json, report.md (the tables bench/README.md quotes) and speedup.png (speedup by k per workload,
+measured on this machine and projected for the GPU)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
+
+from bench.projection import project
+
 AUTO = "auto"
+
+
+def first_mismatch(output: list[int], reference: list[int]) -> int | None:
+    if output == reference:
+        return None
+    shorter = min(len(output), len(reference))
+    return next((i for i in range(shorter) if output[i] != reference[i]), shorter)
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None, "mean": None}
+    p50, p99 = np.percentile(values, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "mean": float(np.mean(values))}
+
+
+def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, gpu) -> dict:
+    """One run's record: its SpeculationStats, its outputs against the target alone's, both wall times and
+    the same rounds projected on `gpu` (a bench.projection.GpuModel)."""
+    mismatches = [first_mismatch(out, ref) for out, ref in zip(outputs, reference, strict=True)]
+    tokens = sum(map(len, outputs))
+    wait_s = sum(stats.draft_call_ms) / 1e3
+    return {
+        "num_draft_tokens": k,
+        "mean_accepted_tokens": stats.mean_accepted_tokens,
+        "acceptance_by_position": stats.acceptance_by_position,
+        "mean_drafts_per_round": sum(d for d, _, _ in stats.round_log) / max(1, stats.num_rounds),
+        "lossless": all(m is None for m in mismatches),
+        "first_mismatch": mismatches,
+        "target_only_s": alone_s,
+        "speculative_s": speculative_s,
+        "target_tokens_per_s": sum(map(len, reference)) / alone_s,
+        "speculative_tokens_per_s": tokens / speculative_s,
+        "speedup": alone_s / speculative_s,
+        "draft_wait_share": wait_s / speculative_s,
+        "rounds": stats.num_rounds,
+        "split_ms_per_round": {
+            "verify": sum(stats.verify_ms) / max(1, stats.num_rounds),
+            "draft_engine": sum(stats.draft_engine_ms) / max(1, stats.num_rounds),
+            "draft_http_and_client": (sum(stats.draft_call_ms) - sum(stats.draft_engine_ms))
+            / max(1, stats.num_rounds),
+        },
+        "draft_call_ms": percentiles(stats.draft_call_ms),
+        "projected_gpu": project(stats.round_log, gpu),
+        "outputs": outputs,
+        "target_only_outputs": reference,
+    }
 
 
 def summarize(results: list[dict]) -> dict:

@@ -1,0 +1,139 @@
+"""A vLLM target on the CPU, driven over stdin/stdout: one offline `LLM` engine per process, with speculation
+off, drafter as its `custom_class` proposer, or one of vLLM's own methods. Run it with the vLLM venv's
+Python (bench/install_vllm.sh makes one); bench/vllm_driver.py starts and drives it for the tests and
+bench/vllm_peers.py.
+
+    .venv-vllm/bin/python bench/vllm_target.py --model DIR --speculation drafter --drafter-url URL --k 8
+
+It prints `VLLM_TARGET {"ready": ...}` once the engine is up, then answers each JSON line on stdin,
+`{"prompts": [[ids], ...], "max_tokens": [n, ...]}`, with one `VLLM_TARGET {...}` line: the outputs' token
+ids, the seconds `generate` took, the change in vLLM's speculative-decoding counters, and (drafter) the
+proposer's own counters. Greedy, no tokenizer, EOS ignored, so every run generates exactly max_tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+MARK = "VLLM_TARGET "
+SPECULATIONS = ("none", "drafter", "draft_model", "ngram")
+PROPOSER = "drafter.integrations.vllm_proposer.DrafterProposer"
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+    "vllm:generation_tokens": "num_generated_tokens",
+}
+
+
+def speculative_config(args) -> dict | None:
+    if args.speculation == "none":
+        return None
+    config = {"num_speculative_tokens": args.k}
+    if args.speculation == "drafter":
+        return {**config, "method": "custom_class", "model": PROPOSER}
+    if args.speculation == "draft_model":
+        return {**config, "method": "draft_model", "model": args.draft_model}
+    return {**config, "method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+
+def counters(llm) -> dict:
+    """vLLM's speculative counters (summed over engines) and acceptance per draft position."""
+    values = dict.fromkeys(SPEC_COUNTERS.values(), 0)
+    values["accepted_per_position"] = []
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS:
+            values[SPEC_COUNTERS[metric.name]] += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            values["accepted_per_position"] = list(metric.values)
+    return values
+
+
+def difference(after: dict, before: dict) -> dict:
+    change = {name: after[name] - before[name] for name in SPEC_COUNTERS.values()}
+    after_per_position = after["accepted_per_position"]
+    before_per_position = before["accepted_per_position"] or [0] * len(after_per_position)
+    change["accepted_per_position"] = [
+        a - b for a, b in zip(after_per_position, before_per_position, strict=True)
+    ]
+    return change
+
+
+def say(message: dict) -> None:
+    print(MARK + json.dumps(message), flush=True)
+
+
+def serve(args) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.perf_counter()
+    drafter = {"url": args.drafter_url, "timeout_s": args.drafter_timeout_s}
+    if args.stats_path:
+        drafter["stats_path"] = args.stats_path
+    llm = LLM(
+        model=args.model,
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        gpu_memory_utilization=0.1,  # ignored on the CPU; the KV cache is VLLM_CPU_KVCACHE_SPACE
+        speculative_config=speculative_config(args),
+        additional_config={"drafter": drafter} if args.speculation == "drafter" else {},
+        disable_log_stats=False,  # get_metrics() reads the counters the stats loggers keep
+        seed=0,
+    )
+    say({"ready": True, "startup_s": time.perf_counter() - started, "speculation": args.speculation})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        command = json.loads(line)
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in command["prompts"]]
+        params = [
+            SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+            for n in command["max_tokens"]
+        ]
+        before = counters(llm)
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - started
+        answer = {
+            "outputs": [list(output.outputs[0].token_ids) for output in outputs],
+            "seconds": seconds,
+            "spec": difference(counters(llm), before),
+        }
+        if args.stats_path:
+            with open(args.stats_path) as file:
+                answer["proposer"] = json.load(file)
+        say(answer)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help="the target: an HF Qwen3 directory")
+    parser.add_argument("--speculation", choices=SPECULATIONS, default="none")
+    parser.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    parser.add_argument(
+        "--drafter-url", default="http://127.0.0.1:8000", help="--speculation drafter's server"
+    )
+    parser.add_argument(
+        "--drafter-timeout-s", type=float, default=0.5, help="the most a step waits for drafts"
+    )
+    parser.add_argument("--stats-path", help="--speculation drafter: where the proposer writes its counters")
+    parser.add_argument("--draft-model", help="--speculation draft_model: the drafter's HF directory")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.speculation == "draft_model" and not args.draft_model:
+        parser.error("--speculation draft_model needs --draft-model DIR")
+    serve(args)
+
+
+if __name__ == "__main__":  # vLLM starts its engine in processes of its own: this guard is required
+    main()

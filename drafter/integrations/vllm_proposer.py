@@ -1,0 +1,182 @@
+"""drafter as vLLM's speculative proposer: vLLM loads this class by path and calls `propose` once per step.
+
+    LLM(model=TARGET, speculative_config={"method": "custom_class",
+        "model": "drafter.integrations.vllm_proposer.DrafterProposer", "num_speculative_tokens": 8},
+        additional_config={"drafter": {"url": "http://127.0.0.1:8000"}})
+
+Settings, from vLLM's `additional_config["drafter"]`, else the environment, else the default:
+`url` (DRAFTER_URL, http://127.0.0.1:8000; also unix:/PATH), `api_key` (DRAFTER_API_KEY), `timeout_s`
+(DRAFTER_TIMEOUT_S, 0.5: the most one step waits for drafts) and `stats_path` (DRAFTER_VLLM_STATS: a JSON
+file of this proposer's counters, rewritten every step, for benchmarks).
+
+Each step drafts every row at once: one v2 call per row, all in flight together on one event loop in a
+background thread, so the server batches them into one engine pass and the step waits one round trip, not
+one per row. Rows are matched to sessions by their tokens (drafter/integrations/vllm_rows.py). Failures
+follow drafter.client's policy: a slow, overloaded or stopped server gives empty drafts (vLLM then decodes
+without speculation) and a backoff, never an exception into vLLM. Imports drafter.client only: no torch, no
+server code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from drafter.client import AsyncDraftClient, AsyncDraftSession, DraftRequestError, Drafts
+from drafter.client.sync_client import DEFAULT_TIMEOUT_S
+from drafter.integrations.vllm_rows import RowSessions
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+SETTINGS_ENV = {"url": "DRAFTER_URL", "api_key": "DRAFTER_API_KEY", "timeout_s": "DRAFTER_TIMEOUT_S",
+                "stats_path": "DRAFTER_VLLM_STATS"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ProposerSettings:
+    url: str = DEFAULT_URL
+    api_key: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    stats_path: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.url, str) or not self.url:
+            raise ValueError("drafter proposer: url must be a non-empty string")
+        if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
+            raise ValueError(f"drafter proposer: timeout_s must be a positive number, got {self.timeout_s!r}")
+
+    @classmethod
+    def from_vllm(cls, vllm_config, environ=os.environ) -> ProposerSettings:
+        given = getattr(vllm_config, "additional_config", None) or {}
+        given = given.get("drafter") or {} if isinstance(given, dict) else {}
+        unknown = set(given) - set(SETTINGS_ENV)
+        if unknown:
+            raise ValueError(f"drafter proposer: unknown additional_config['drafter'] keys {sorted(unknown)}; "
+                             f"known: {sorted(SETTINGS_ENV)}")  # fmt: skip
+        values = {}
+        for name, variable in SETTINGS_ENV.items():
+            value = given.get(name, environ.get(variable))
+            if value is not None:
+                values[name] = float(value) if name == "timeout_s" else value
+        return cls(**values)
+
+
+@dataclass
+class ProposerStats:
+    """What the proposer did, for benchmarks: steps, the time vLLM waited in `propose`, and the calls."""
+
+    num_steps: int = 0
+    propose_s: float = 0.0
+    num_calls: int = 0
+    num_draft_tokens: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def count(self, drafts: Drafts) -> None:
+        self.num_calls += 1
+        self.num_draft_tokens += len(drafts.tokens)
+        if drafts.skipped:
+            self.skipped[drafts.skipped] = self.skipped.get(drafts.skipped, 0) + 1
+
+
+class DrafterProposer:
+    """vLLM's `custom_class` proposer backed by a drafter server (see the module docstring)."""
+
+    def __init__(self, vllm_config):
+        self.settings = ProposerSettings.from_vllm(vllm_config)
+        self.num_draft_tokens = vllm_config.speculative_config.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.stats = ProposerStats()
+        self.refusals_logged: set[str] = set()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="drafter-proposer", daemon=True).start()
+        self.client: AsyncDraftClient = self.on_loop(self.open_client()).result()
+        self.rows: RowSessions[AsyncDraftSession] = RowSessions(self.client.session)
+        log.info("drafter proposer: %s, k = %d, timeout %.3f s", self.settings.url, self.num_draft_tokens,
+                 self.settings.timeout_s)  # fmt: skip
+
+    async def open_client(self) -> AsyncDraftClient:
+        # Made on its own loop: its connection pool belongs to the loop it runs on.
+        return AsyncDraftClient(self.settings.url, self.settings.api_key, timeout_s=self.settings.timeout_s)
+
+    def on_loop(self, coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def load_model(self, *args, **kwargs) -> None:
+        """vLLM's CPU runner hands the target model over; drafts come from the server, so nothing to load."""
+
+    def propose(
+        self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None
+    ) -> list[list[int]]:
+        """One list of draft ids per row (empty: no speculation for that row). A row's context is
+        `token_ids_cpu[row, :num_tokens_no_spec[row]]`, its newly sampled token included; a row that sampled
+        nothing this step (a prompt still being prefilled in chunks) gets no drafts."""
+        started = time.perf_counter()
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        calls = {}
+        for row, sampled in enumerate(sampled_token_ids):
+            num_tokens = int(num_tokens_no_spec[row])
+            room = min(self.num_draft_tokens, self.max_model_len - num_tokens - 1)
+            if sampled and room > 0:
+                calls[row] = (token_ids_cpu[row, :num_tokens].tolist(), room)
+        sessions, gone = self.rows.assign({row: context for row, (context, _) in calls.items()})
+        for session in gone:
+            self.on_loop(session.close())  # frees the server's copy; nobody waits for it
+        if calls:
+            jobs = [(row, sessions[row], context, k) for row, (context, k) in calls.items()]
+            for row, answer in self.draft_rows(jobs):
+                self.stats.count(answer)
+                drafts[row] = answer.tokens[: calls[row][1]]
+        self.stats.num_steps += 1
+        self.stats.propose_s += time.perf_counter() - started
+        if self.settings.stats_path:
+            self.write_stats()
+        return drafts
+
+    def draft_rows(self, jobs) -> list[tuple[int, Drafts]]:
+        """Every row's call in flight at once; each is bounded by the client's deadline, and so is the wait."""
+        future = self.on_loop(self.gather(jobs))
+        try:
+            return future.result(timeout=self.settings.timeout_s + 1.0)
+        except concurrent.futures.TimeoutError:  # the loop is stuck: never hold vLLM's step for it
+            future.cancel()
+            return [(row, Drafts.none("timeout")) for row, *_ in jobs]
+
+    async def gather(self, jobs) -> list[tuple[int, Drafts]]:
+        answers = await asyncio.gather(
+            *(self.draft_one(session, context, k) for _, session, context, k in jobs)
+        )
+        return [(row, answer) for (row, *_), answer in zip(jobs, answers, strict=True)]
+
+    async def draft_one(self, session: AsyncDraftSession, context: list[int], k: int) -> Drafts:
+        try:
+            return await session.draft(context, k)
+        except DraftRequestError as error:  # a wrong key, a token past the drafter's vocabulary: no drafts
+            if error.type not in self.refusals_logged:
+                self.refusals_logged.add(error.type)
+                log.error("drafter proposer: the server refused a draft call (%s); that row goes on "
+                          "without drafts", error)  # fmt: skip
+            return Drafts.none("refused")
+
+    def write_stats(self) -> None:
+        path = self.settings.stats_path
+        with open(f"{path}.tmp", "w") as file:
+            json.dump(asdict(self.stats), file)
+        os.replace(f"{path}.tmp", path)
+
+    def close(self) -> None:
+        """Closes every session and the client (vLLM never calls this; tests and benchmarks may)."""
+        sessions = self.rows.clear()
+
+        async def shut() -> None:
+            await asyncio.gather(*(session.close() for session in sessions))
+            await self.client.close()
+
+        self.on_loop(shut()).result(timeout=self.settings.timeout_s + 1.0)
+        self.loop.call_soon_threadsafe(self.loop.stop)

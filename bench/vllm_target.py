@@ -7,8 +7,8 @@ bench/vllm_peers.py.
 
 It prints `VLLM_TARGET {"ready": ...}` once the engine is up, then answers each JSON line on stdin,
 `{"prompts": [[ids], ...], "max_tokens": [n, ...]}`, with one `VLLM_TARGET {...}` line: the outputs' token
-ids, the seconds `generate` took, the change in vLLM's speculative-decoding counters, and (drafter) the
-proposer's own counters. Greedy, no tokenizer, EOS ignored, so every run generates exactly max_tokens.
+ids, the seconds `generate` took, the change in vLLM's speculative-decoding counters and (drafter) in the
+proposer's own counters. Greedy, no tokenizer, EOS ignored: every run generates exactly max_tokens.
 """
 
 from __future__ import annotations
@@ -62,6 +62,23 @@ def difference(after: dict, before: dict) -> dict:
     return change
 
 
+def proposer_counters(path: str | None) -> dict:
+    """The proposer's counters (drafter/integrations/vllm_proposer.py writes them every step); none yet
+    before its first step."""
+    try:
+        with open(path) as file:
+            return json.load(file)
+    except (TypeError, FileNotFoundError):
+        return {"num_steps": 0, "propose_s": 0.0, "num_calls": 0, "num_draft_tokens": 0, "skipped": {}}
+
+
+def proposer_difference(after: dict, before: dict) -> dict:
+    change = {name: after[name] - before[name] for name in after if name != "skipped"}
+    skipped = {reason: n - before["skipped"].get(reason, 0) for reason, n in after["skipped"].items()}
+    change["skipped"] = {reason: n for reason, n in skipped.items() if n}
+    return change
+
+
 def say(message: dict) -> None:
     print(MARK + json.dumps(message), flush=True)
 
@@ -96,7 +113,7 @@ def serve(args) -> None:
             SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
             for n in command["max_tokens"]
         ]
-        before = counters(llm)
+        before, proposer_before = counters(llm), proposer_counters(args.stats_path)
         started = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - started
@@ -106,8 +123,7 @@ def serve(args) -> None:
             "spec": difference(counters(llm), before),
         }
         if args.stats_path:
-            with open(args.stats_path) as file:
-                answer["proposer"] = json.load(file)
+            answer["proposer"] = proposer_difference(proposer_counters(args.stats_path), proposer_before)
         say(answer)
 
 

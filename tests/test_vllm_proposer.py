@@ -68,6 +68,17 @@ def proposer(url):
     proposer.close()
 
 
+def draft_rows(sent: list) -> list[dict]:
+    """The draft calls among the requests sent, one per row, from /draft and /draft/batch bodies alike."""
+    rows = []
+    for request in sent:
+        if request.path == "/draft":
+            rows.append(json.loads(request.body))
+        elif request.path == "/draft/batch":
+            rows += json.loads(request.body)["requests"]
+    return rows
+
+
 def record_requests(proposer) -> list:
     sent = []
     send = proposer.client.send
@@ -89,23 +100,25 @@ def test_proposer_drafts_equal_the_engine_while_rows_grow_move_and_finish(propos
     sent = record_requests(proposer)
     sessions_before = metric_value(httpx.get(f"{url}/metrics").text, "drafter_sessions_live")
     for step in range(4):
+        before = len(sent)
         drafts = batch.propose(proposer)
         assert drafts == [oracle.draft(context, K) for context in batch.contexts]
+        assert [request.path for request in sent[before:] if request.method == "POST"] == ["/draft/batch"]
         for row, context in enumerate(batch.contexts):  # the target keeps row % (K + 1) drafts, then its own
             kept = drafts[row][: row % (K + 1)]
             batch.put(row, context + kept + [(step * 31 + row) % 1000 + 1])
     assert (
         metric_value(httpx.get(f"{url}/metrics").text, "drafter_sessions_live") == sessions_before + NUM_ROWS
     )
-    bodies = [json.loads(request.body) for request in sent if request.path == "/draft"]
-    assert sum("prefix_len" not in body for body in bodies) == NUM_ROWS  # one full context per request
-    assert len(bodies) == 4 * NUM_ROWS
+    rows = draft_rows(sent)
+    assert sum("prefix_len" not in row for row in rows) == NUM_ROWS  # one full context per request
+    assert len(rows) == 4 * NUM_ROWS
 
     # rows 0 and 1 finish; vLLM moves the last two requests into their rows
     moved = Batch([batch.contexts[7], batch.contexts[6], *batch.contexts[2:6]])
     sent.clear()
     assert moved.propose(proposer) == [oracle.draft(context, K) for context in moved.contexts]
-    assert all("prefix_len" in json.loads(request.body) for request in sent if request.path == "/draft")
+    assert all("prefix_len" in row for row in draft_rows(sent))
 
 
 def test_proposer_skips_rows_that_sampled_nothing_and_fits_k_to_max_model_len(proposer):
@@ -116,7 +129,7 @@ def test_proposer_skips_rows_that_sampled_nothing_and_fits_k_to_max_model_len(pr
     sent = record_requests(proposer)
     drafts = batch.propose(proposer, sampled=[[7], [near_end[-1]], [full[-1]], []])  # row 3: still prefilling
     assert drafts == [oracle.draft([5, 6, 7], K), oracle.draft(near_end, 1), [], []]
-    assert sum(request.path == "/draft" for request in sent) == 2
+    assert len(draft_rows(sent)) == 2
 
 
 class SlowStandIn:

@@ -12,6 +12,7 @@ from collections.abc import Generator
 
 from drafter.client.aio_http import ConnectionPool, TransportError
 from drafter.client.backoff import Backoff
+from drafter.client.batch import draft_together
 from drafter.client.protocol import (
     Request,
     Response,
@@ -21,7 +22,7 @@ from drafter.client.protocol import (
     exchange,
     transport_failed,
 )
-from drafter.client.results import Drafts
+from drafter.client.results import DraftRequestError, Drafts
 from drafter.client.sync_client import DEFAULT_TIMEOUT_S, base_headers, draft_options
 
 
@@ -57,6 +58,18 @@ class AsyncDraftClient:
 
     def session(self, name: str | None = None) -> AsyncDraftSession:
         return AsyncDraftSession(self, SessionState(name))
+
+    async def draft_many(
+        self,
+        calls: list[tuple[AsyncDraftSession, list[int], int | str | None]],
+        *,
+        timeout_s: float | None = None,
+    ) -> list[Drafts | DraftRequestError]:
+        """Drafts for several conversations in one round trip (POST /draft/batch where the server offers
+        it; drafter/client/batch.py): (session, whole context, k) each, answered in order. The deadline
+        bounds them all together; a row refused as the caller's bug is its DraftRequestError, not a raise."""
+        jobs = [(session.state, context, draft_options(k, False, None)) for session, context, k in calls]
+        return await draft_together(self, jobs, timeout_s or self.timeout_s)
 
     async def run(
         self, calls: Generator[Request, Response, Drafts], session, timeout_s: float | None

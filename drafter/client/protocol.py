@@ -50,11 +50,15 @@ class ServerState:
         self.protocol_versions: frozenset[int] | None = None
         self.max_context: int | None = None  # context + drafts the server accepts (/info)
         self.max_draft_tokens: int | None = None
+        self.max_batch_rows: int | None = None  # rows of one POST /draft/batch; None: no such route
 
     def learn(self, info: dict) -> None:
         versions = info.get("protocol_versions") or [1]
         self.protocol_versions = frozenset(v for v in versions if isinstance(v, int))
         self.max_context, self.max_draft_tokens = info.get("max_context"), info.get("max_draft_tokens")
+        server = info.get("server")
+        rows = server.get("max_batch_rows") if isinstance(server, dict) else None
+        self.max_batch_rows = rows if isinstance(rows, int) and rows > 0 else None
 
     def fit(self, context_len: int, options: dict) -> dict | None:
         """The options with k clipped to what the server accepts, None if the context leaves no room: a

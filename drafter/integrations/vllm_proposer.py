@@ -9,9 +9,9 @@ Settings, from vLLM's `additional_config["drafter"]`, else the environment, else
 (DRAFTER_TIMEOUT_S, 0.5: the most one step waits for drafts) and `stats_path` (DRAFTER_VLLM_STATS: a JSON
 file of this proposer's counters, rewritten every step, for benchmarks).
 
-Each step drafts every row at once: one v2 call per row, all in flight together on one event loop in a
-background thread, so the server batches them into one engine pass and the step waits one round trip, not
-one per row. Rows are matched to sessions by their tokens (drafter/integrations/vllm_rows.py). Failures
+Each step drafts every row in one round trip: one POST /draft/batch holding a v2 call per row (or, from a
+server without that route, one call per row, all in flight together), sent from an event loop in a
+background thread; the server drafts the rows as one engine batch. Rows are matched to sessions by their tokens (drafter/integrations/vllm_rows.py). Failures
 follow drafter.client's policy: a slow, overloaded or stopped server gives empty drafts (vLLM then decodes
 without speculation) and a backoff, never an exception into vLLM. Imports drafter.client only: no torch, no
 server code.
@@ -140,29 +140,29 @@ class DrafterProposer:
         return drafts
 
     def draft_rows(self, jobs) -> list[tuple[int, Drafts]]:
-        """Every row's call in flight at once; each is bounded by the client's deadline, and so is the wait."""
-        future = self.on_loop(self.gather(jobs))
+        """Every row's call in one round trip; the client's deadline bounds them all, and so does the wait."""
+        future = self.on_loop(
+            self.client.draft_many([(session, context, k) for _, session, context, k in jobs])
+        )
         try:
-            return future.result(timeout=self.settings.timeout_s + 1.0)
+            answers = future.result(timeout=self.settings.timeout_s + 1.0)
         except concurrent.futures.TimeoutError:  # the loop is stuck: never hold vLLM's step for it
             future.cancel()
-            return [(row, Drafts.none("timeout")) for row, *_ in jobs]
+            answers = [Drafts.none("timeout")] * len(jobs)
+        return [(row, self.refused(answer)) for (row, *_), answer in zip(jobs, answers, strict=True)]
 
-    async def gather(self, jobs) -> list[tuple[int, Drafts]]:
-        answers = await asyncio.gather(
-            *(self.draft_one(session, context, k) for _, session, context, k in jobs)
-        )
-        return [(row, answer) for (row, *_), answer in zip(jobs, answers, strict=True)]
-
-    async def draft_one(self, session: AsyncDraftSession, context: list[int], k: int) -> Drafts:
-        try:
-            return await session.draft(context, k)
-        except DraftRequestError as error:  # a wrong key, a token past the drafter's vocabulary: no drafts
-            if error.type not in self.refusals_logged:
-                self.refusals_logged.add(error.type)
-                log.error("drafter proposer: the server refused a draft call (%s); that row goes on "
-                          "without drafts", error)  # fmt: skip
-            return Drafts.none("refused")
+    def refused(self, answer: Drafts | DraftRequestError) -> Drafts:
+        """A row the server refused (a wrong key, a token past the drafter's vocabulary) goes without drafts,
+        logged once per kind of refusal."""
+        if isinstance(answer, Drafts):
+            return answer
+        if answer.type not in self.refusals_logged:
+            self.refusals_logged.add(answer.type)
+            log.error(
+                "drafter proposer: the server refused a draft call (%s); such rows go on without drafts",
+                answer,
+            )
+        return Drafts.none("refused")
 
     def write_stats(self) -> None:
         path = self.settings.stats_path

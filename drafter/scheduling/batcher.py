@@ -73,6 +73,23 @@ class Arrival:
         self.batcher.pump()
 
 
+class Together:
+    """`with batcher.together():` around queueing several requests (a /draft/batch), so no batch starts
+    before they are all queued: they share the next batch (up to the max batch size) whatever the window."""
+
+    __slots__ = ("batcher",)
+
+    def __init__(self, batcher: Batcher):
+        self.batcher = batcher
+
+    def __enter__(self) -> None:
+        self.batcher.holding += 1
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.batcher.holding -= 1
+        self.batcher.pump()
+
+
 class Batcher:
     def __init__(
         self,
@@ -95,6 +112,7 @@ class Batcher:
         self.alone: deque[Pending] = deque()  # retried one by one after the engine refused their batch
         self.running = 0  # requests in the batch on the engine now
         self.arriving = 0  # requests whose handler is reading or checking the body: companions on their way
+        self.holding = 0  # handlers queueing several requests (`together`): no batch starts meanwhile
         self.timer: asyncio.TimerHandle | None = None  # the end of the window, while one is open
         self.failure: BaseException | None = None
         self.stopped = False
@@ -108,6 +126,9 @@ class Batcher:
         """`with batcher.arrival():` around a handler's reading and checking of a body, so an idle engine's
         window waits for it."""
         return Arrival(self)
+
+    def together(self) -> Together:
+        return Together(self)
 
     def contended(self, now: float | None = None) -> None:
         """A request arrived while the engine was busy or others waited: clients overlap. While they do, a
@@ -148,7 +169,7 @@ class Batcher:
     def pump(self, window_over: bool = False) -> None:
         """Start the next batch if the engine is idle and the queue is ready: the batch is full, nobody
         else is on the way, or the first request has waited `window_s`."""
-        if self.running or self.failure is not None or self.stopped:
+        if self.running or self.holding or self.failure is not None or self.stopped:
             return
         while self.alone:
             pending = self.alone.popleft()

@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from drafter.server.batch_route import draft_batch
 from drafter.server.config import ServerConfig
 from drafter.server.draft_route import draft
 from drafter.server.errors import EXCEPTION_HANDLERS
@@ -21,6 +22,7 @@ from drafter.server.status_routes import info, live, metrics, ready
 
 ROUTES = [
     Route("/draft", draft, methods=["POST"]),
+    Route("/draft/batch", draft_batch, methods=["POST"]),
     Route("/health/live", live, methods=["GET"]),
     Route("/health/ready", ready, methods=["GET"]),
     Route("/info", info, methods=["GET"]),

@@ -90,8 +90,19 @@ async def answer(request: Request, runtime: Runtime) -> Response:
 async def draft_for(call: Call, request: Request, runtime: Runtime, started: float) -> Response:
     if call.num_draft_tokens == 0:  # auto under load: an empty draft now beats any wait
         return draft_response(call, runtime, EMPTY_RESULT, None, started)
+    pending = submit(call, runtime)
+    host_s = time.thread_time() - started
+    result = await wait_for_result(request, runtime, pending)
+    if result is None:  # the client is gone; nobody reads this
+        runtime.speculation.abandon(call)
+        return OrjsonResponse(None, status_code=499)
+    return draft_response(call, runtime, result, pending, time.thread_time() - host_s)
+
+
+def submit(call: Call, runtime: Runtime) -> Pending:
+    """Queue a prepared call for the engine, or the ApiError that says why not."""
     try:
-        pending = runtime.batcher.submit(
+        return runtime.batcher.submit(
             DraftRequest(call.context, call.num_draft_tokens, call.params.session),
             runtime.config.request_timeout_s,
         )
@@ -104,12 +115,6 @@ async def draft_for(call: Call, request: Request, runtime: Runtime, started: flo
         ) from None
     except EngineFailed:
         raise not_ready("failed", runtime.lifecycle.reason) from None
-    host_s = time.thread_time() - started
-    result = await wait_for_result(request, runtime, pending)
-    if result is None:  # the client is gone; nobody reads this
-        runtime.speculation.abandon(call)
-        return OrjsonResponse(None, status_code=499)
-    return draft_response(call, runtime, result, pending, time.thread_time() - host_s)
 
 
 class ClientLeft(Exception):
@@ -161,15 +166,7 @@ def draft_response(
     """The answer; `host_started` is the thread time when this call's host work began, less what it spent
     before queueing, so `host` is the server's own per-call work: parse, validate, session work and
     serializing the answer."""
-    params = call.params
-    tokens, probs = result.tokens, result.probs
-    if params.min_confidence > 0:
-        keep = next((i for i, p in enumerate(probs) if p < params.min_confidence), len(probs))
-        tokens, probs = tokens[:keep], probs[:keep]
-    body = {"tokens": tokens, "cached": result.cached, **runtime.speculation.finish(call, tokens)}
-    if params.return_probs:
-        body["probs"] = probs
-    runtime.metrics.draft_tokens.inc(len(tokens))
+    body = answer_fields(call, runtime, result)
     queue_ms = 0.0 if pending is None else (pending.started - pending.arrived) * 1e3
     content = orjson.dumps(body)  # serialized here, so the host time below includes it
     host_ms = (time.thread_time() - host_started) * 1e3
@@ -179,6 +176,21 @@ def draft_response(
         f"receive;dur={call.receive_ms:.3f}, host;dur={host_ms:.3f}"
     )
     return Response(content, media_type="application/json", headers={"Server-Timing": timing})
+
+
+def answer_fields(call: Call, runtime: Runtime, result: DraftResult) -> dict:
+    """A settled call's answer (its session stored, its feedback counted), as /draft and each /draft/batch
+    row give it."""
+    params = call.params
+    tokens, probs = result.tokens, result.probs
+    if params.min_confidence > 0:
+        keep = next((i for i, p in enumerate(probs) if p < params.min_confidence), len(probs))
+        tokens, probs = tokens[:keep], probs[:keep]
+    body = {"tokens": tokens, "cached": result.cached, **runtime.speculation.finish(call, tokens)}
+    if params.return_probs:
+        body["probs"] = probs
+    runtime.metrics.draft_tokens.inc(len(tokens))
+    return body
 
 
 def not_ready(stage: str, reason: str | None) -> ApiError:

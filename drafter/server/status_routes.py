@@ -45,6 +45,7 @@ async def info(request: Request) -> OrjsonResponse:
             "request_timeout_s": config.request_timeout_s,
             "default_num_draft_tokens": config.default_num_draft_tokens,
             "max_body_bytes": config.max_body_bytes,
+            "max_batch_rows": config.max_queue,  # rows of one /draft/batch request
             "auth": config.api_key is not None,
         },
         "versions": versions(),

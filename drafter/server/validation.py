@@ -1,4 +1,5 @@
-"""The boundary: a `/draft` body becomes a `DraftParams` or an `ApiError` naming the field and its bound.
+"""The boundary: a `/draft` body (or a `/draft/batch` row) becomes a `DraftParams` or an `ApiError` naming
+the field and its bound.
 
 Nothing here touches the engine, and no message repeats what the client sent, not even an unknown field's
 name (a client reflecting it would be an injection vector): the message lists the allowed fields instead.
@@ -25,6 +26,7 @@ FIELDS = (
     "session_token",
     "close",
 )
+BATCH_FIELDS = ("requests",)
 AUTO = "auto"  # num_draft_tokens: let the server pick k (drafter.sessions.draft_length)
 MAX_SESSION_TOKEN_CHARS = 64
 
@@ -75,14 +77,23 @@ def is_int(value) -> bool:
 
 
 def parse_draft_body(body: bytes, limits: Limits) -> DraftParams:
-    if len(body) > limits.max_body_bytes:
-        raise too_large(limits.max_body_bytes)
+    return parse_draft_fields(json_object(body, limits.max_body_bytes), limits)
+
+
+def json_object(body: bytes, max_body_bytes: int) -> dict:
+    if len(body) > max_body_bytes:
+        raise too_large(max_body_bytes)
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise invalid("request body must be valid JSON") from None
     if not isinstance(data, dict):
         raise invalid("request body must be a JSON object")
+    return data
+
+
+def parse_draft_fields(data: dict, limits: Limits) -> DraftParams:
+    """One draft call's fields (a /draft body, or one row of a /draft/batch body)."""
     if any(key not in FIELDS for key in data):
         raise invalid(f"unknown field; allowed fields: {', '.join(FIELDS)}")
     # JSON null means "not given" for every optional field, as most JSON APIs treat it.
@@ -198,3 +209,16 @@ def parse_flag(value, name: str) -> bool:
     if not isinstance(value, bool):
         raise invalid(f"{name} must be true or false", name)
     return value
+
+
+def parse_batch_body(body: bytes, max_body_bytes: int, max_rows: int) -> list:
+    """A `/draft/batch` body, `{"requests": [draft call, ...]}`, as its rows (each still to be parsed with
+    `parse_draft_fields`, so one bad row is that row's error, not the batch's). A row that is not a JSON
+    object is given back as its ApiError."""
+    data = json_object(body, max_body_bytes)
+    if any(key not in BATCH_FIELDS for key in data):
+        raise invalid(f"unknown field; allowed fields: {', '.join(BATCH_FIELDS)}")
+    rows = data.get("requests")
+    if not isinstance(rows, list) or not 1 <= len(rows) <= max_rows:
+        raise invalid(f"requests must be a list of 1 to {max_rows} draft calls", "requests")
+    return [row if isinstance(row, dict) else invalid("each request must be a JSON object") for row in rows]

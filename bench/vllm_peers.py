@@ -10,7 +10,8 @@ vLLM CPU engine per way of speculating (bench/vllm_target.py, from the vLLM venv
 Each workload's prompts go to `generate` together (a batch of up to --max-num-seqs rows), greedy, for
 --max-tokens tokens each, after a warmup; the best of --repeats runs is kept. Reported: target tokens/s,
 accepted tokens per step (1 + accepted / drafts, vLLM's mean acceptance length), the share of the run vLLM
-spent waiting in drafter's `propose`, and whether the outputs equal `alone`'s token for token.
+spent waiting in drafter's `propose`, a projected GPU speedup (`projected_speedup`: these acceptance
+figures at H100 costs), and whether the outputs equal `alone`'s token for token.
 
     python bench/vllm_peers.py --out out/vllm-peers         # about 10 minutes on 2 cores
 """
@@ -26,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.projection import GpuModel
 from bench.prompts import read_prompt_lines
 from bench.server import REPO, ServerProcess
 from bench.vllm_driver import VllmTarget, vllm_available, vllm_python
@@ -33,6 +35,9 @@ from bench.vllm_driver import VllmTarget, vllm_available, vllm_python
 PAIR = REPO / "bench" / "testbed" / "pair"
 WORKLOADS = ("prose", "code", "edit")
 DRAFTER_SERVED = {"drafter-fp8": "drafter-fp8-weight-only", "drafter-bf16": "drafter"}
+# Qwen3-0.6B's bf16 linears read per draft step against FP8's: the step is memory-bound, so ~1.6x the time
+# (0.88 GB of bf16 linears + 0.31 GB embedding, against 0.44 + 0.31 GB).
+BF16_STEP_FACTOR = {"drafter-bf16": 1.6, "draft_model": 1.6}
 MODES = ("alone", "drafter-fp8", "drafter-bf16", "draft_model", "ngram")
 SERVER_ARGS = ["--device=cpu", "--dtype=float32", "--max-seq-len=2048", "--batch-window-ms=1"]
 
@@ -106,16 +111,30 @@ def best_run(vllm: VllmTarget, batch: list[list[int]], args) -> dict:
     }
 
 
+def projected_speedup(mode: str, row: dict, model: GpuModel) -> float:
+    """The measured acceptance replayed at H100 costs (bench/projection.py's floors): a step verifies at
+    `verify_ms` whatever its drafts (memory-bound), and drafting k tokens costs the server's overhead plus k
+    draft steps (FP8 or bf16 weights); vLLM's in-process methods pay no HTTP, ngram no model."""
+    if mode == "alone" or not row["num_drafts"]:
+        return 1.0
+    drafts_per_step = row["num_draft_tokens"] / row["num_drafts"]
+    step_ms = model.draft_step_ms * BF16_STEP_FACTOR.get(mode, 1.0) if mode != "ngram" else 0.0
+    overhead_ms = model.draft_overhead_ms if mode in DRAFTER_SERVED else 0.0
+    step_cost = model.verify_ms + overhead_ms + drafts_per_step * step_ms
+    return row["accepted_tokens_per_step"] * model.verify_ms / step_cost
+
+
 def table(results: dict, workloads) -> str:
+    model = GpuModel()
     lines = [
-        "| workload | mode | tokens/s | vs alone | accepted tokens/step | proposer share | lossless |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| workload | mode | tokens/s | vs alone | accepted tokens/step | proposer share | projected GPU | lossless |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for workload in workloads:
         alone = results["alone"].get(workload)
         for mode, rows in results.items():
             if "error" in rows:
-                lines.append(f"| {workload} | {mode} | failed: {rows['error'][:120]} | | | | |")
+                lines.append(f"| {workload} | {mode} | failed: {rows['error'][:120]} | | | | | |")
                 continue
             row = rows[workload]
             ratio = f"{row['tokens_per_s'] / alone['tokens_per_s']:.2f}x" if alone else ""
@@ -123,7 +142,7 @@ def table(results: dict, workloads) -> str:
             same = "yes" if alone and row["outputs"] == alone["outputs"] else "NO"
             lines.append(
                 f"| {workload} | {mode} | {row['tokens_per_s']:.1f} | {ratio} | "
-                f"{row['accepted_tokens_per_step']:.2f} | {share} | {same} |"
+                f"{row['accepted_tokens_per_step']:.2f} | {share} | {projected_speedup(mode, row, model):.2f}x | {same} |"
             )
     return "\n".join(lines)
 

@@ -20,22 +20,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from bench.prompts import read_prompt_lines
-from bench.server import REPO, ServerProcess
+from bench.server import ServerProcess
+from bench.testbed import PAIR, workload_tokens
 from drafter.client import DraftClient
 from drafter.integrations.vllm_proposer import DrafterProposer
 
-PAIR = REPO / "bench" / "testbed" / "pair"
 MAX_MODEL_LEN = 2048
 
 
 def prompts(num_rows: int) -> list[list[int]]:
-    entries = []
-    for workload in ("code", "prose", "edit"):
-        entries += [
-            entry["tokens"] for _, entry in read_prompt_lines(PAIR / "workloads" / f"{workload}.jsonl")
-        ]
-    return entries[:num_rows]
+    return [tokens for workload in ("code", "prose", "edit") for tokens in workload_tokens(workload)][
+        :num_rows
+    ]
 
 
 def proposer_steps(url: str, contexts: list[list[int]], k: int, steps: int, batch_route: bool) -> list[float]:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,14 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 RUNNING_ON = re.compile(r"Running on http://([\d.]+):(\d+)")
 DEFAULT_COMMAND = [sys.executable, "-m", "drafter", "--host", "127.0.0.1", "--port", "0"]
+
+
+def free_port() -> int:
+    """A port free now, for a server that must come back on the same address (a restart, a target whose
+    config names one URL); port 0 is better wherever the caller can read the port back."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 class ServerProcess:

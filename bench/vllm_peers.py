@@ -21,18 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.projection import GpuModel
-from bench.prompts import read_prompt_lines
-from bench.server import REPO, ServerProcess
+from bench.server import ServerProcess, free_port
+from bench.testbed import PAIR, workload_tokens
 from bench.vllm_driver import VllmTarget, vllm_available, vllm_python
 
-PAIR = REPO / "bench" / "testbed" / "pair"
 WORKLOADS = ("prose", "code", "edit")
 DRAFTER_SERVED = {"drafter-fp8": "drafter-fp8-weight-only", "drafter-bf16": "drafter"}
 # Qwen3-0.6B's bf16 linears read per draft step against FP8's: the step is memory-bound, so ~1.6x the time
@@ -40,18 +38,6 @@ DRAFTER_SERVED = {"drafter-fp8": "drafter-fp8-weight-only", "drafter-bf16": "dra
 BF16_STEP_FACTOR = {"drafter-bf16": 1.6, "draft_model": 1.6}
 MODES = ("alone", "drafter-fp8", "drafter-bf16", "draft_model", "ngram")
 SERVER_ARGS = ["--device=cpu", "--dtype=float32", "--max-seq-len=2048", "--batch-window-ms=1"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def workload_prompts(name: str, num_prompts: int) -> list[list[int]]:
-    return [entry["tokens"] for _, entry in read_prompt_lines(PAIR / "workloads" / f"{name}.jsonl")][
-        :num_prompts
-    ]
 
 
 def engine_options(mode: str, args, port: int, stats: Path) -> tuple[str, dict]:
@@ -171,7 +157,7 @@ def main(argv=None) -> int:
     if not vllm_available():
         parser.error(f"no vLLM venv at {vllm_python()}: run bash bench/install_vllm.sh")
     started = time.monotonic()
-    prompts = {name: workload_prompts(name, args.num_prompts) for name in workloads}
+    prompts = {name: workload_tokens(name)[: args.num_prompts] for name in workloads}
     results = {mode: measure(mode, args, prompts) for mode in modes}
     markdown = table(results, workloads)
     print(markdown)

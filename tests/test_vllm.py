@@ -12,15 +12,15 @@ Skipped without the vLLM venv. About 2 minutes on a quiet 2-core machine, most o
 
 from __future__ import annotations
 
-import socket
 import time
 
 import httpx
 import pytest
 
-from bench.prompts import read_prompt_lines
+from bench.server import free_port
+from bench.testbed import PAIR, workload_tokens
 from bench.vllm_driver import VllmTarget, vllm_available, vllm_python
-from tests.server_process import REPO, ServerProcess, metric_value
+from tests.server_process import ServerProcess, metric_value
 
 pytestmark = [
     pytest.mark.vllm,
@@ -29,7 +29,6 @@ pytestmark = [
     ),
 ]
 
-PAIR = REPO / "bench" / "testbed" / "pair"
 TARGET = PAIR / "target"
 OTHER_DRAFTER = PAIR / "drafter-fp8-weight-only"
 K = 4
@@ -41,14 +40,7 @@ LONG_MAX_TOKENS = 400  # long enough to stop the server while vLLM is still gene
 
 
 def workload_prompts() -> list[list[int]]:
-    entries = [entry for _, entry in read_prompt_lines(PAIR / "workloads" / "code.jsonl")]
-    return [entry["tokens"][:length] for entry, length in zip(entries, MIXED_LENGTHS, strict=False)]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return [tokens[:length] for tokens, length in zip(workload_tokens("code"), MIXED_LENGTHS, strict=False)]
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,7 @@ def test_settings_default_without_config_or_environment():
     [
         ({"urll": "http://x"}, "unknown additional_config"),
         ({"timeout_s": 0}, "timeout_s must be a positive number"),
+        ({"timeout_s": "soon"}, "timeout_s must be a positive number"),
         ({"url": ""}, "url must be a non-empty string"),
     ],
 )

@@ -7,3 +7,14 @@ committed in bench/testbed/pair/ (about 16 MB) with a manifest of the recipe's k
 and the suite checks that the two match. Committed rather than cached, because every benchmark on every
 machine needs the same pair, a rebuild costs 26 minutes, and a reviewer can then read the figures it gave.
 """
+
+import json
+from pathlib import Path
+
+PAIR = Path(__file__).resolve().parent / "pair"  # the committed pair: target/, drafter/, exports, workloads/
+
+
+def workload_tokens(name: str) -> list[list[int]]:
+    """The token ids of each prompt of one committed workload (prose, code or edit)."""
+    lines = (PAIR / "workloads" / f"{name}.jsonl").read_text().splitlines()
+    return [json.loads(line)["tokens"] for line in lines if line.strip()]

@@ -64,8 +64,17 @@ class ProposerSettings:
         for name, variable in SETTINGS_ENV.items():
             value = given.get(name, environ.get(variable))
             if value is not None:
-                values[name] = float(value) if name == "timeout_s" else value
+                values[name] = seconds(value) if name == "timeout_s" else value
         return cls(**values)
+
+
+def seconds(value) -> float | str:
+    """A number of seconds from the config (a number) or the environment (a string); what is not one is left
+    for __post_init__ to refuse by name."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
 
 
 @dataclass

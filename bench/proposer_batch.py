@@ -1,7 +1,9 @@
 """What one vLLM step waits for drafts, by rows in the batch, three ways: the vLLM proposer as it is (one
 POST /draft/batch per step: one engine batch), the proposer without that route (one call per row, all in
 flight at once: the server batches what has arrived when the engine is free), and the same calls one after
-another (what a proposer looping over rows with the blocking client would cost). No vLLM needed: `propose` is called as
+another (what a proposer looping over rows with the blocking client would cost). Then, with no server, the
+proposer's own host work per step by context length: rows tracked incrementally (the proposer) against
+each row's whole context rebuilt from vLLM's array every step. No vLLM needed: `propose` is called as
 vLLM's model runner calls it. The server serves the testbed pair's FP8 drafter; each row is a workload
 prompt, and each step the target keeps every draft (the v2 call then carries k + 1 new tokens).
 
@@ -22,8 +24,10 @@ import numpy as np
 
 from bench.server import ServerProcess
 from bench.testbed import PAIR, workload_tokens
-from drafter.client import DraftClient
+from drafter.client import Backoff, DraftClient
+from drafter.client.protocol import ServerState, SessionState, exchange
 from drafter.integrations.vllm_proposer import DrafterProposer
+from drafter.integrations.vllm_rows import RowSessions
 
 MAX_MODEL_LEN = 2048
 
@@ -74,6 +78,34 @@ def sequential_steps(url: str, contexts: list[list[int]], k: int, steps: int) ->
     return times
 
 
+def host_steps(context_len: int, num_rows: int, incremental: bool, steps: int = 30) -> list[float]:
+    """The target side's work of `steps` steps up to the request bodies, with no I/O: matching rows to
+    sessions and the v2 bodies (each step every row keeps all 8 drafts)."""
+    rng = np.random.default_rng(0)
+    token_ids = rng.integers(0, 4000, (num_rows, context_len + 10 * steps), dtype=np.int32)
+    rows, server = RowSessions(SessionState), ServerState(Backoff())
+    server.protocol_versions = frozenset((1, 2))
+    times, length = [], context_len
+    for _ in range(steps):
+        started = time.perf_counter()
+        if incremental:
+            requests = rows.assign({row: token_ids[row, :length] for row in range(num_rows)})[0].values()
+            jobs = [(r.session, r.tokens, r.known_len) for r in requests]
+        else:
+            contexts = {row: token_ids[row, :length].tolist() for row in range(num_rows)}
+            jobs = [(r.session, contexts[row], 0) for row, r in rows.assign(
+                {row: token_ids[row, :length] for row in range(num_rows)})[0].items()]  # fmt: skip
+        for state, context, known_len in jobs:
+            state.known_len = known_len
+            next(exchange(server, state, list(context), {"num_draft_tokens": 8}))  # the body, built
+            state.answered(
+                context, {"tokens": token_ids[0, length : length + 9].tolist(), "session_token": "t"}
+            )
+        times.append(time.perf_counter() - started)
+        length += 9
+    return times
+
+
 def p50_ms(times: list[float]) -> float:
     return 1e3 * statistics.median(times[3:])  # the first steps build sessions and warm the caches
 
@@ -107,8 +139,21 @@ def main(argv=None) -> int:
             print(
                 f"| {n} | {row['batch_p50_ms']:.2f} | {row['concurrent_p50_ms']:.2f} | {row['sequential_p50_ms']:.2f} |"
             )
+    print("\n| context tokens | rows | incremental ms/step | whole context ms/step |")
+    print("|---:|---:|---:|---:|")
+    host = []
+    for context_len in (1000, 4000, 8000):
+        row = {
+            "context_len": context_len,
+            "incremental_p50_ms": p50_ms(host_steps(context_len, max(rows), True)),
+            "whole_p50_ms": p50_ms(host_steps(context_len, max(rows), False)),
+        }
+        host.append(row)
+        print(
+            f"| {context_len} | {max(rows)} | {row['incremental_p50_ms']:.3f} | {row['whole_p50_ms']:.3f} |"
+        )
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"wait": results, "host": host}, indent=1))
     return 0
 
 

@@ -41,6 +41,16 @@ def test_session_body_names_the_longest_shared_prefix():
     }
 
 
+def test_session_known_len_compares_only_past_the_callers_promise_once():
+    state = SessionState()
+    answered(state, [5, 6, 7, 8], [9, 10, 11])
+    state.known_len = 4  # the caller checked the first 4 tokens itself (its own copy of the last context)
+    body = state.body([5, 6, 0, 8, 9, 42], incremental=True)  # position 2 differs, but is promised equal
+    assert body["prefix_len"] == 5 and body["tokens"] == [42]  # only the drafts' part was compared
+    assert state.known_len == 0  # a promise covers one call
+    assert state.body([5, 6, 0, 8, 9, 42], incremental=True)["prefix_len"] == 2
+
+
 def test_session_names_are_unguessable_and_distinct_unless_given():
     names = {SessionState().name for _ in range(100)}
     assert len(names) == 100 and all(len(name) == 32 for name in names)

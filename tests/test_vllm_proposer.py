@@ -221,10 +221,10 @@ def test_proposer_with_its_server_stopped_gives_empty_drafts_then_resumes():
         first.close()
 
 
-def test_proposer_import_loads_no_torch_and_no_server_code():
+def test_proposer_import_loads_no_torch_and_no_server_code():  # numpy it may: vLLM has it
     code = (
         "import sys, drafter.integrations.vllm_proposer\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'engine', 'numpy', 'transformers')\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'engine', 'transformers')\n"
         "       or m.startswith(('drafter.server', 'drafter.scheduling', 'drafter.sessions'))]\n"
         "print(bad)"
     )

@@ -85,6 +85,9 @@ class SessionState:
         self.name = name if name is not None else uuid.uuid4().hex
         self.token: str | None = None
         self.sequence: list[int] = []
+        # A caller's promise for the next call: its context's first `known_len` tokens are this session's
+        # last context, so only the rest is compared (O(new tokens) for a caller that tracks its own rows).
+        self.known_len = 0
 
     def body(self, context: list[int], incremental: bool) -> dict:
         prefix_len = self.shared_prefix_len(context) if incremental and self.token is not None else 0
@@ -100,9 +103,10 @@ class SessionState:
     def shared_prefix_len(self, context: list[int]) -> int:
         sequence = self.sequence
         n = min(len(sequence), len(context))
-        if context[:n] == sequence[:n]:  # the usual case, compared at C speed
+        start, self.known_len = min(self.known_len, n), 0
+        if context[start:n] == sequence[start:n]:  # the usual case, compared at C speed
             return n
-        return next(i for i in range(n) if context[i] != sequence[i])
+        return next(i for i in range(start, n) if context[i] != sequence[i])
 
     def answered(self, context: list[int], answer: dict) -> None:
         self.sequence = context + answer["tokens"]

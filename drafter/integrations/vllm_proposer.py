@@ -128,20 +128,23 @@ class DrafterProposer:
         nothing this step (a prompt still being prefilled in chunks) gets no drafts."""
         started = time.perf_counter()
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        calls = {}
+        contexts, rooms = {}, {}
         for row, sampled in enumerate(sampled_token_ids):
             num_tokens = int(num_tokens_no_spec[row])
             room = min(self.num_draft_tokens, self.max_model_len - num_tokens - 1)
             if sampled and room > 0:
-                calls[row] = (token_ids_cpu[row, :num_tokens].tolist(), room)
-        sessions, gone = self.rows.assign({row: context for row, (context, _) in calls.items()})
+                contexts[row], rooms[row] = token_ids_cpu[row, :num_tokens], room
+        requests, gone = self.rows.assign(contexts)
         for session in gone:
             self.on_loop(session.close())  # frees the server's copy; nobody waits for it
-        if calls:
-            jobs = [(row, sessions[row], context, k) for row, (context, k) in calls.items()]
+        if requests:
+            jobs = []
+            for row, request in requests.items():
+                request.session.state.known_len = request.known_len  # checked by the match: skip comparing it
+                jobs.append((row, request.session, request.tokens, rooms[row]))
             for row, answer in self.draft_rows(jobs):
                 self.stats.count(answer)
-                drafts[row] = answer.tokens[: calls[row][1]]
+                drafts[row] = answer.tokens[: rooms[row]]
         self.stats.num_steps += 1
         self.stats.propose_s += time.perf_counter() - started
         if self.settings.stats_path:

@@ -120,6 +120,15 @@ def test_vllm_with_drafter_of_other_weights_equals_vllm_alone(vllm, alone, promp
         assert 0 < spec["num_accepted_tokens"] < spec["num_draft_tokens"]
 
 
+def test_vllm_goes_on_without_drafts_when_drafter_refuses_its_calls(vllm, alone, prompts, port):
+    """A misconfigured proposer (no key for a server that wants one): every call is refused, logged once,
+    and vLLM generates as it would alone."""
+    with ServerProcess([f"--model={TARGET}", *SERVER_ARGS, f"--port={port}", "--api-key=not-the-proposers"]):
+        answer = vllm.generate(prompts, MAX_TOKENS)
+    assert answer["outputs"] == alone["mixed"]
+    assert answer["spec"]["num_drafts"] == 0 and answer["proposer"]["skipped"].get("refused", 0) > 0
+
+
 def test_vllm_finishes_without_speculation_when_drafter_stops_mid_generation(vllm, alone, prompts, port):
     server = drafter_server(TARGET, port)
     try:

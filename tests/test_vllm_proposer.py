@@ -26,11 +26,11 @@ MAX_MODEL_LEN = 200
 NUM_ROWS = 8
 
 
-def vllm_config(url: str, k: int = K, max_model_len: int = MAX_MODEL_LEN, timeout_s: float = 30):
+def vllm_config(url: str, k: int = K, max_model_len: int = MAX_MODEL_LEN, timeout_s: float = 30, **settings):
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k),
         model_config=SimpleNamespace(max_model_len=max_model_len),
-        additional_config={"drafter": {"url": url, "timeout_s": timeout_s}},
+        additional_config={"drafter": {"url": url, "timeout_s": timeout_s, **settings}},
     )
 
 
@@ -130,6 +130,31 @@ def test_proposer_skips_rows_that_sampled_nothing_and_fits_k_to_max_model_len(pr
     drafts = batch.propose(proposer, sampled=[[7], [near_end[-1]], [full[-1]], []])  # row 3: still prefilling
     assert drafts == [oracle.draft([5, 6, 7], K), oracle.draft(near_end, 1), [], []]
     assert len(draft_rows(sent)) == 2
+
+
+def test_proposer_asks_for_a_smaller_fixed_k_or_the_servers_auto_k_within_vllms(url, caplog):
+    oracle = main_oracle()
+    batch = Batch([[3, 4, 5, 6], list(range(20, 50))])
+    fixed = DrafterProposer(vllm_config(url, num_draft_tokens=2))
+    try:
+        assert batch.propose(fixed) == [oracle.draft(c, 2) for c in batch.contexts]
+    finally:
+        fixed.close()
+    auto = DrafterProposer(vllm_config(url, num_draft_tokens="auto"))
+    try:
+        sent = record_requests(auto)
+        for _ in range(3):
+            drafts = batch.propose(auto)
+            assert all(
+                len(d) <= K and d == oracle.draft(c, len(d))
+                for d, c in zip(drafts, batch.contexts, strict=True)
+            )
+            for row, context in enumerate(batch.contexts):
+                batch.put(row, context + drafts[row] + [row + 1])
+        assert all(row["num_draft_tokens"] == "auto" for row in draft_rows(sent))
+        assert "serve drafter with --max-draft-tokens 4" in caplog.text  # the main server drafts up to 16
+    finally:
+        auto.close()
 
 
 class SlowStandIn:

@@ -107,6 +107,14 @@ def test_settings_vllm_config_wins_over_the_environment():
     assert settings == ProposerSettings(url="unix:/tmp/d.sock", api_key="env-key", timeout_s=0.25)
 
 
+def test_settings_num_draft_tokens_from_the_environment():
+    assert (
+        ProposerSettings.from_vllm(vllm_config(), {"DRAFTER_NUM_DRAFT_TOKENS": "auto"}).num_draft_tokens
+        == "auto"
+    )
+    assert ProposerSettings.from_vllm(vllm_config(), {"DRAFTER_NUM_DRAFT_TOKENS": "3"}).num_draft_tokens == 3
+
+
 def test_settings_default_without_config_or_environment():
     assert ProposerSettings.from_vllm(vllm_config(), {}) == ProposerSettings()
     assert ProposerSettings.from_vllm(SimpleNamespace(), {}).url == "http://127.0.0.1:8000"
@@ -119,6 +127,9 @@ def test_settings_default_without_config_or_environment():
         ({"timeout_s": 0}, "timeout_s must be a positive number"),
         ({"timeout_s": "soon"}, "timeout_s must be a positive number"),
         ({"url": ""}, "url must be a non-empty string"),
+        ({"timeout_s": True}, "timeout_s must be a positive number"),
+        ({"num_draft_tokens": 0}, "num_draft_tokens must be a positive integer"),
+        ({"num_draft_tokens": "many"}, "num_draft_tokens must be a positive integer"),
     ],
 )
 def test_settings_refuse_wrong_values_by_name(drafter, message):

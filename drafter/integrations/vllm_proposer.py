@@ -6,8 +6,10 @@
 
 Settings, from vLLM's `additional_config["drafter"]`, else the environment, else the default:
 `url` (DRAFTER_URL, http://127.0.0.1:8000; also unix:/PATH), `api_key` (DRAFTER_API_KEY), `timeout_s`
-(DRAFTER_TIMEOUT_S, 0.5: the most one step waits for drafts) and `stats_path` (DRAFTER_VLLM_STATS: a JSON
-file of this proposer's counters, rewritten every step, for benchmarks).
+(DRAFTER_TIMEOUT_S, 0.5: the most one step waits for drafts), `num_draft_tokens` (DRAFTER_NUM_DRAFT_TOKENS:
+a k below vLLM's num_speculative_tokens, or "auto" for the server's adaptive k, at most vLLM's; default
+vLLM's) and `stats_path` (DRAFTER_VLLM_STATS: a JSON file of this proposer's counters, rewritten every step,
+for benchmarks).
 
 Each step drafts every row in one round trip: one POST /draft/batch holding a v2 call per row (or, from a
 server without that route, one call per row, all in flight together), sent from an event loop in a
@@ -35,8 +37,9 @@ from drafter.integrations.vllm_rows import RowSessions
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+AUTO = "auto"
 SETTINGS_ENV = {"url": "DRAFTER_URL", "api_key": "DRAFTER_API_KEY", "timeout_s": "DRAFTER_TIMEOUT_S",
-                "stats_path": "DRAFTER_VLLM_STATS"}  # fmt: skip
+                "num_draft_tokens": "DRAFTER_NUM_DRAFT_TOKENS", "stats_path": "DRAFTER_VLLM_STATS"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +47,21 @@ class ProposerSettings:
     url: str = DEFAULT_URL
     api_key: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    num_draft_tokens: int | str | None = (
+        None  # None: vLLM's num_speculative_tokens; "auto": the server's pick
+    )
     stats_path: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.url, str) or not self.url:
             raise ValueError("drafter proposer: url must be a non-empty string")
-        if not (isinstance(self.timeout_s, int | float) and self.timeout_s > 0):
+        if type(self.timeout_s) not in (int, float) or not self.timeout_s > 0:
             raise ValueError(f"drafter proposer: timeout_s must be a positive number, got {self.timeout_s!r}")
+        k = self.num_draft_tokens
+        if k is not None and k != AUTO and (type(k) is not int or k < 1):
+            raise ValueError(
+                f'drafter proposer: num_draft_tokens must be a positive integer or "auto", got {k!r}'
+            )
 
     @classmethod
     def from_vllm(cls, vllm_config, environ=os.environ) -> ProposerSettings:
@@ -64,17 +75,26 @@ class ProposerSettings:
         for name, variable in SETTINGS_ENV.items():
             value = given.get(name, environ.get(variable))
             if value is not None:
-                values[name] = seconds(value) if name == "timeout_s" else value
+                values[name] = READERS.get(name, lambda given: given)(value)
         return cls(**values)
 
 
-def seconds(value) -> float | str:
-    """A number of seconds from the config (a number) or the environment (a string); what is not one is left
-    for __post_init__ to refuse by name."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
+def number(kind):
+    """A reader of a number from the config (a number) or the environment (a string); what is not one is
+    left as it came, for __post_init__ to refuse by name."""
+
+    def read(value):
+        if isinstance(value, str) and value != AUTO:
+            try:
+                return kind(value)
+            except ValueError:
+                return value
         return value
+
+    return read
+
+
+READERS = {"timeout_s": number(float), "num_draft_tokens": number(int)}
 
 
 @dataclass
@@ -99,15 +119,19 @@ class DrafterProposer:
 
     def __init__(self, vllm_config):
         self.settings = ProposerSettings.from_vllm(vllm_config)
-        self.num_draft_tokens = vllm_config.speculative_config.num_speculative_tokens
+        # vLLM verifies at most num_speculative_tokens drafts a row; a smaller fixed k asks for fewer.
+        k, fixed = vllm_config.speculative_config.num_speculative_tokens, self.settings.num_draft_tokens
+        self.max_draft_tokens = min(k, fixed) if isinstance(fixed, int) else k
         self.max_model_len = vllm_config.model_config.max_model_len
         self.stats = ProposerStats()
         self.refusals_logged: set[str] = set()
+        self.warned_auto_cap = False
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="drafter-proposer", daemon=True).start()
         self.client: AsyncDraftClient = self.on_loop(self.open_client()).result()
         self.rows: RowSessions[AsyncDraftSession] = RowSessions(self.client.session)
-        log.info("drafter proposer: %s, k = %d, timeout %.3f s", self.settings.url, self.num_draft_tokens,
+        log.info("drafter proposer: %s, k = %s (at most %d), timeout %.3f s", self.settings.url,
+                 self.settings.num_draft_tokens or self.max_draft_tokens, self.max_draft_tokens,
                  self.settings.timeout_s)  # fmt: skip
 
     async def open_client(self) -> AsyncDraftClient:
@@ -131,7 +155,7 @@ class DrafterProposer:
         contexts, rooms = {}, {}
         for row, sampled in enumerate(sampled_token_ids):
             num_tokens = int(num_tokens_no_spec[row])
-            room = min(self.num_draft_tokens, self.max_model_len - num_tokens - 1)
+            room = min(self.max_draft_tokens, self.max_model_len - num_tokens - 1)
             if sampled and room > 0:
                 contexts[row], rooms[row] = token_ids_cpu[row, :num_tokens], room
         requests, gone = self.rows.assign(contexts)
@@ -141,7 +165,10 @@ class DrafterProposer:
             jobs = []
             for row, request in requests.items():
                 request.session.state.known_len = request.known_len  # checked by the match: skip comparing it
-                jobs.append((row, request.session, request.tokens, rooms[row]))
+                k = AUTO if self.settings.num_draft_tokens == AUTO else rooms[row]
+                jobs.append((row, request.session, request.tokens, k))
+            if self.settings.num_draft_tokens == AUTO:
+                self.check_auto_cap()
             for row, answer in self.draft_rows(jobs):
                 self.stats.count(answer)
                 drafts[row] = answer.tokens[: rooms[row]]
@@ -150,6 +177,17 @@ class DrafterProposer:
         if self.settings.stats_path:
             self.write_stats()
         return drafts
+
+    def check_auto_cap(self) -> None:
+        """With "auto" the server may draft up to its --max-draft-tokens; vLLM verifies fewer when its k is
+        smaller, and the server, counting acceptance over all it sent, may then count one more accepted draft
+        than vLLM did. Said once; serving with --max-draft-tokens at vLLM's k makes the counts exact."""
+        server_k = self.client.server.max_draft_tokens
+        if server_k is not None and server_k > self.max_draft_tokens and not self.warned_auto_cap:
+            self.warned_auto_cap = True
+            log.warning("drafter proposer: the server drafts up to %d tokens with \"auto\", vLLM verifies %d: "
+                        "serve drafter with --max-draft-tokens %d", server_k, self.max_draft_tokens,
+                        self.max_draft_tokens)  # fmt: skip
 
     def draft_rows(self, jobs) -> list[tuple[int, Drafts]]:
         """Every row's call in one round trip; the client's deadline bounds them all, and so does the wait."""

@@ -6,6 +6,6 @@
 - `drafter/sessions/`: what the server learns per conversation: the session table, acceptance and the
   `"auto"` draft-length policy;
 - `drafter/client/` and `drafter/integrations/`: what runs inside a target process (no server code, no torch
-  beyond the target's own): the HTTP client, and the transformers `custom_generate` loop.
+  beyond the target's own): the HTTP client, the transformers `custom_generate` loop and vLLM's proposer.
 `python -m drafter` (drafter/__main__.py) serves.
 """

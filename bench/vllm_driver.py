@@ -48,7 +48,12 @@ class VllmTarget:
             env={**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         os.close(fd)
-        self.ready = self.receive(STARTUP_TIMEOUT_S)
+        try:
+            self.ready = self.receive(STARTUP_TIMEOUT_S)
+        except BaseException:  # never leave an engine running behind a failed start
+            self.process.kill()
+            self.process.wait()
+            raise
 
     @property
     def log(self) -> str:

@@ -27,20 +27,19 @@ from drafter.server.draft_route import (
     EMPTY_RESULT,
     ClientLeft,
     answer_fields,
-    body_timeout,
     not_ready,
+    read_checked_body,
     settled,
     submit,
 )
 from drafter.server.errors import ApiError
-from drafter.server.request_body import BodyTimeout, BodyTooLarge, ClientGone, read_body
+from drafter.server.request_body import ClientGone
 from drafter.server.runtime import Runtime
 from drafter.server.validation import (
     check_content_length,
     check_content_type,
     parse_batch_body,
     parse_draft_fields,
-    too_large,
 )
 from drafter.sessions.speculation import Call
 from engine.requests import DraftResult
@@ -87,14 +86,7 @@ async def answer(request: Request, runtime: Runtime) -> tuple[Response, list[int
     check_content_type(request.headers.get("content-type"))
     check_content_length(request.headers.get("content-length"), max_bytes)
     with runtime.batcher.arrival():  # an idle engine waits for this request's rows
-        try:
-            body = await read_body(request, max_bytes, runtime.body_deadlines)
-        except BodyTooLarge:
-            raise too_large(max_bytes) from None
-        except BodyTimeout:
-            if runtime.draining:
-                raise not_ready("draining", None) from None
-            raise body_timeout(runtime.config.body_timeout_s) from None
+        body = await read_checked_body(request, runtime, max_bytes)
         host_started = time.thread_time()
         with runtime.batcher.together():
             rows = [queue(data, runtime) for data in parse_batch_body(body, max_bytes, max_rows)]

@@ -68,14 +68,7 @@ async def answer(request: Request, runtime: Runtime) -> Response:
     check_content_type(request.headers.get("content-type"))
     check_content_length(request.headers.get("content-length"), limits.max_body_bytes)
     with runtime.batcher.arrival():  # an idle engine waits for this request's batch companions
-        try:
-            body = await read_body(request, limits.max_body_bytes, runtime.body_deadlines)
-        except BodyTooLarge:
-            raise too_large(limits.max_body_bytes) from None
-        except BodyTimeout:
-            if runtime.draining:
-                raise not_ready("draining", None) from None
-            raise body_timeout(runtime.config.body_timeout_s) from None
+        body = await read_checked_body(request, runtime, limits.max_body_bytes)
         started = time.thread_time()
         params = parse_draft_body(body, limits)
         call = runtime.speculation.prepare(params, runtime.batcher.load())
@@ -85,6 +78,18 @@ async def answer(request: Request, runtime: Runtime) -> Response:
     except BaseException:
         runtime.speculation.abandon(call)
         raise
+
+
+async def read_checked_body(request: Request, runtime: Runtime, max_bytes: int) -> bytes:
+    """The body, read under its deadline, or the ApiError that answers a body too large or too slow."""
+    try:
+        return await read_body(request, max_bytes, runtime.body_deadlines)
+    except BodyTooLarge:
+        raise too_large(max_bytes) from None
+    except BodyTimeout:
+        if runtime.draining:
+            raise not_ready("draining", None) from None
+        raise body_timeout(runtime.config.body_timeout_s) from None
 
 
 async def draft_for(call: Call, request: Request, runtime: Runtime, started: float) -> Response:

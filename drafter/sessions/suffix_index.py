@@ -24,6 +24,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+NO_CHILDREN: dict = {}  # shared by every childless node, never written: most nodes are leaves, and a dict
+# apiece would double the index's memory and the garbage collector's work
+
 
 class _Node:
     """One substring: how often it occurs, the token that ends it, its length (`depth`), its one-token
@@ -36,7 +39,7 @@ class _Node:
         self.count = 0
         self.token = token
         self.depth = depth
-        self.children: dict[int, _Node] = {}
+        self.children: dict[int, _Node] = NO_CHILDREN
         self.best: _Node | None = None
 
 
@@ -141,6 +144,9 @@ class SuffixIndex:
 
     def sequence(self, seq_id: int) -> list[int]:
         return list(self._get(seq_id).tokens)
+
+    def sequence_len(self, seq_id: int) -> int:
+        return len(self._get(seq_id).tokens)
 
     def add(self, tokens: Iterable[int] = ()) -> int:
         seq_id = self._next_id
@@ -249,6 +255,8 @@ class SuffixIndex:
         for node in seq.active:
             child = node.children.get(token)
             if child is None:
+                if node.children is NO_CHILDREN:
+                    node.children = {}
                 child = node.children[token] = _Node(token, node.depth + 1)
                 self._num_nodes += 1
             child.count += 1
@@ -276,6 +284,8 @@ class SuffixIndex:
         node.count -= 1
         if node.count == 0:
             del parent.children[node.token]
+            if not parent.children:
+                parent.children = NO_CHILDREN
             self._num_nodes -= 1
         if parent.best is node:  # the best child shrank: another may now lead, so look at all of them
             parent.best = _best_child(parent)

@@ -15,7 +15,13 @@ from tests.server_process import ServerProcess
 
 # The target of the speculative-decoding tests: tied embeddings, like the Qwen3-0.6B drafter.
 TARGET_MODEL = "gqa4-tied-odd"
-TARGET_SERVER_ARGS = ["--device=cpu", "--dtype=float32", "--no-compile", "--max-seq-len=512"]
+TARGET_SERVER_ARGS = [
+    "--device=cpu",
+    "--dtype=float32",
+    "--no-compile",
+    "--max-seq-len=512",
+    "--draft-source=model",  # own-weights tests expect every draft accepted: the model's drafts only
+]
 
 # Compiled tests share one inductor cache inside the ignored build folder, so reruns take seconds.
 os.environ.setdefault(

@@ -27,6 +27,8 @@ MAIN_ARGS = [
     "--request-timeout-s=30",
     f"--body-timeout-s={BODY_TIMEOUT_S}",
     "--device=cpu",
+    # These tests check drafts against the engine's own; suffix drafting has its own (test_server_suffix).
+    "--draft-source=model",
 ]
 MAX_BODY_BYTES = 16 * MAIN_SIZES["max_seq_len"] + 4096  # ServerConfig.max_body_bytes
 

@@ -32,6 +32,7 @@ def session_server_args(directory: Path) -> list[str]:
         # auto's choices depend on acceptance, not on the machine's load.
         "--target-verify-ms=50",
         f"--auto-max-queue={AUTO_MAX_QUEUE}",
+        "--draft-source=model",  # drafts checked against transformers' (suffix: test_server_suffix)
     ]
 
 

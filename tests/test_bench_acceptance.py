@@ -180,4 +180,4 @@ def test_acceptance_runs_workloads_by_k_with_auto_and_writes_its_files(target, u
     assert fixed["projected_gpu"]["speedup"] > 1  # every draft accepted: any cost model gains
     assert report["summary"]["code"]["measured"]["best_fixed_k"] == 4
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.json", "report.md", "speedup.png"}
-    assert "| code | auto |" in (tmp_path / "out" / "report.md").read_text()
+    assert "| code | model | auto |" in (tmp_path / "out" / "report.md").read_text()

@@ -41,6 +41,7 @@ SMALL_SERVER_ARGS = [
     "--max-batch-size=1",
     "--max-queue=1",
     "--batch-window-ms=0",
+    "--draft-source=model",
 ]
 NUM_DRAFT_TOKENS = 4
 

@@ -23,6 +23,7 @@ STRICT_ARGS = [
     "--request-timeout-s=0.05",
     f"--api-key={API_KEY}",
     "--device=cpu",
+    "--draft-source=model",
 ]
 
 

@@ -73,7 +73,24 @@ BAD_SETTINGS = {
     "hub id": (["--model", "Qwen/Qwen3-0.6B"], {}, "python -m export Qwen/Qwen3-0.6B DIR"),
     "graphs on cpu": (["--cuda-graphs"], {}, "--cuda-graphs needs a CUDA device"),
     "unknown flag": (["--max-batch", "4"], {}, "unrecognized"),
+    "unknown source": (
+        ["--draft-source", "oracle"],
+        {},
+        "--draft-source must be one of model, suffix, hybrid",
+    ),
+    "suffix off, hybrid on": (
+        ["--suffix-tokens", "0", "--draft-source", "hybrid"],
+        {},
+        "--suffix-tokens 0 turns suffix drafting off: --draft-source must be model",
+    ),
 }
+
+
+def test_cli_draft_source_defaults_to_hybrid_and_to_model_with_suffix_drafting_off():
+    config = config_from_args(["--device", "cpu"], {})
+    assert (config.default_source, config.sources) == ("hybrid", ("model", "suffix", "hybrid"))
+    off = config_from_args(["--device", "cpu"], {"DRAFTER_SUFFIX_TOKENS": "0"})
+    assert (off.default_source, off.sources) == ("model", ("model",))
 
 
 def test_cli_bad_settings_end_with_one_line_and_status_2():

@@ -46,7 +46,8 @@ def test_draft_equals_engine_draft(client, oracle):
         [expected] = oracle.draft_batch([DraftRequest(tokens, k)])
         assert body["tokens"] == expected.tokens
         assert body["probs"] == pytest.approx(expected.probs, abs=1e-4)
-        assert set(body) == {"tokens", "probs", "cached", "num_draft_tokens"}
+        assert set(body) == {"tokens", "probs", "cached", "num_draft_tokens", "source"}
+        assert body["source"] == "model"
         assert body["num_draft_tokens"] == k
 
 

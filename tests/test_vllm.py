@@ -73,8 +73,8 @@ def vllm(port, tmp_path_factory):
         yield engine
 
 
-def drafter_server(model, port: int) -> ServerProcess:
-    return ServerProcess([f"--model={model}", *SERVER_ARGS, f"--port={port}"])
+def drafter_server(model, port: int, *extra: str) -> ServerProcess:
+    return ServerProcess([f"--model={model}", *SERVER_ARGS, f"--port={port}", *extra])
 
 
 def server_counters(url: str) -> dict:
@@ -99,7 +99,7 @@ def vllm_counters(answer: dict) -> dict:
 
 
 def test_vllm_with_drafter_of_the_same_weights_equals_vllm_alone(vllm, alone, prompts, port):
-    with drafter_server(TARGET, port) as server:
+    with drafter_server(TARGET, port, "--draft-source=model") as server:  # its own drafts: all accepted
         answer = vllm.generate(prompts, MAX_TOKENS)
         assert answer["outputs"] == alone["mixed"]
         counted = server_counters(server.url)
@@ -112,12 +112,16 @@ def test_vllm_with_drafter_of_the_same_weights_equals_vllm_alone(vllm, alone, pr
 
 
 def test_vllm_with_drafter_of_other_weights_equals_vllm_alone(vllm, alone, prompts, port):
+    """The server's default source (hybrid): suffix drafts lead where the index is sure, the model's
+    otherwise; vLLM's outputs are still its own."""
     with drafter_server(OTHER_DRAFTER, port) as server:
         answer = vllm.generate(prompts, MAX_TOKENS)
         assert answer["outputs"] == alone["mixed"]
         assert {k: v for k, v in server_counters(server.url).items() if k != "calls"} == vllm_counters(answer)
         spec = answer["spec"]
         assert 0 < spec["num_accepted_tokens"] < spec["num_draft_tokens"]
+        by_source = httpx.get(f"{server.url}/info").json()["speculation"]["by_source"]
+        assert by_source["suffix"]["num_draft_tokens"] > 0 and by_source["model"]["num_draft_tokens"] > 0
 
 
 def test_vllm_goes_on_without_drafts_when_drafter_refuses_its_calls(vllm, alone, prompts, port):

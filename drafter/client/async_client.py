@@ -51,9 +51,10 @@ class AsyncDraftClient:
         *,
         return_probs: bool = False,
         min_confidence: float | None = None,
+        source: str | None = None,
         timeout_s: float | None = None,
     ) -> Drafts:
-        options = draft_options(num_draft_tokens, return_probs, min_confidence)
+        options = draft_options(num_draft_tokens, return_probs, min_confidence, source)
         return await self.run(exchange(self.server, None, list(tokens), options), None, timeout_s)
 
     def session(self, name: str | None = None) -> AsyncDraftSession:
@@ -117,9 +118,10 @@ class AsyncDraftSession:
         *,
         return_probs: bool = False,
         min_confidence: float | None = None,
+        source: str | None = None,
         timeout_s: float | None = None,
     ) -> Drafts:
-        options = draft_options(num_draft_tokens, return_probs, min_confidence)
+        options = draft_options(num_draft_tokens, return_probs, min_confidence, source)
         calls = exchange(self.client.server, self.state, list(context), options)
         return await self.client.run(calls, self.state, timeout_s)
 

@@ -153,6 +153,8 @@ def exchange(
         cached=answer.get("cached"),
         accepted=answer.get("accepted"),
         num_draft_tokens=answer.get("num_draft_tokens"),
+        source=answer.get("source"),
+        suffix_tokens=answer.get("suffix_tokens", 0),
         server_timing_ms=parse_server_timing(response.headers.get("server-timing")),
     )
 

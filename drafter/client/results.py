@@ -28,8 +28,10 @@ class Drafts:
     `cached`: context tokens the server took from its KV cache (the rest it prefilled).
     `accepted`: how many of the drafts last returned to this session the new context kept (server v2 only).
     `num_draft_tokens`: the k the server drafted (v2; with "auto" it may be below the k asked, even 0).
+    `source`: which source made the draft ("model", "suffix" or "hybrid"; None from servers before suffix
+    drafting), and `suffix_tokens`: how many of `tokens` (the first ones) came from the suffix index.
     `server_timing_ms`: the `Server-Timing` header, stage -> milliseconds (queue, prefill,
-    decode, engine: the whole engine call).
+    decode, engine: the whole engine call; suffix: the suffix lookup).
     """
 
     tokens: list[int]
@@ -37,6 +39,8 @@ class Drafts:
     cached: int | None = None
     accepted: int | None = None
     num_draft_tokens: int | None = None
+    source: str | None = None
+    suffix_tokens: int = 0
     server_timing_ms: dict[str, float] = field(default_factory=dict)
     skipped: str | None = None
 

@@ -30,8 +30,13 @@ from drafter.client.sync_http import CallTimeout, ConnectionPool
 DEFAULT_TIMEOUT_S = 0.5  # a draft that comes later than this rarely beats the target decoding alone
 
 
-def draft_options(num_draft_tokens, return_probs: bool, min_confidence: float | None) -> dict:
+def draft_options(
+    num_draft_tokens, return_probs: bool, min_confidence: float | None, source: str | None = None
+) -> dict:
+    """A call's fields beside its tokens; `source`: "model", "suffix" or "hybrid" (None: the server's default)."""
     options: dict = {}
+    if source is not None:
+        options["source"] = source
     if num_draft_tokens is not None:
         options["num_draft_tokens"] = num_draft_tokens
     if return_probs:
@@ -75,10 +80,11 @@ class DraftClient:
         *,
         return_probs: bool = False,
         min_confidence: float | None = None,
+        source: str | None = None,
         timeout_s: float | None = None,
     ) -> Drafts:
         """One stateless v1 call with the whole context (no session)."""
-        options = draft_options(num_draft_tokens, return_probs, min_confidence)
+        options = draft_options(num_draft_tokens, return_probs, min_confidence, source)
         return self.run(exchange(self.server, None, list(tokens), options), None, timeout_s)
 
     def session(self, name: str | None = None) -> DraftSession:
@@ -144,9 +150,10 @@ class DraftSession:
         *,
         return_probs: bool = False,
         min_confidence: float | None = None,
+        source: str | None = None,
         timeout_s: float | None = None,
     ) -> Drafts:
-        options = draft_options(num_draft_tokens, return_probs, min_confidence)
+        options = draft_options(num_draft_tokens, return_probs, min_confidence, source)
         calls = exchange(self.client.server, self.state, list(context), options)
         return self.client.run(calls, self.state, timeout_s)
 

@@ -49,6 +49,9 @@ class SpeculationStats:
     draft_engine_ms: list[float] = field(default_factory=list)  # per call, the server's engine time in it
     verify_ms: list[float] = field(default_factory=list)  # per round, the target's forward pass and choice
     round_log: list[tuple[int, int, bool]] = field(default_factory=list)  # per round: drafts, kept, called
+    suffix_log: list[int] = field(
+        default_factory=list
+    )  # per round: of its drafts, those the suffix index made
 
     def __post_init__(self):
         check_num_draft_tokens(self.num_draft_tokens)
@@ -56,10 +59,13 @@ class SpeculationStats:
         self.drafted = [0] * fixed
         self.accepted = [0] * fixed
 
-    def record(self, num_drafts: int, num_accepted: int, num_kept: int, called: bool = True) -> None:
+    def record(
+        self, num_drafts: int, num_accepted: int, num_kept: int, called: bool = True, num_suffix: int = 0
+    ) -> None:
         self.num_rounds += 1
         self.num_kept += num_kept
         self.round_log.append((num_drafts, num_kept, called))
+        self.suffix_log.append(num_suffix)
         grow = num_drafts - len(self.drafted)
         if grow > 0:
             self.drafted += [0] * grow
@@ -88,6 +94,7 @@ def speculative_decoding(
     draft_client: DraftClient,
     num_draft_tokens: int | str = DEFAULT_NUM_DRAFT_TOKENS,
     speculation_stats: SpeculationStats | None = None,
+    draft_source: str | None = None,
     **model_kwargs,
 ) -> torch.LongTensor:
     """`generate`'s `custom_generate` (it passes the prepared processors, criteria and config), or a plain
@@ -96,8 +103,9 @@ def speculative_decoding(
 
     `draft_client` is a DraftClient (or anything with `session()` whose `draft(context, k)` returns Drafts).
     `num_draft_tokens`: k per round, or "auto" (the server picks k per round from the session's acceptance
-    and its load; drafts past the room left are dropped). Returns the prompt followed by the new tokens, as
-    `generate` does."""
+    and its load; drafts past the room left are dropped). `draft_source`: "model", "suffix" or "hybrid"
+    (drafter.sessions.draft_source; None: the server's default). Returns the prompt followed by the new
+    tokens, as `generate` does."""
     if generation_config is None:
         return model.generate(
             input_ids,
@@ -105,6 +113,7 @@ def speculative_decoding(
             draft_client=draft_client,
             num_draft_tokens=num_draft_tokens,
             speculation_stats=speculation_stats,
+            draft_source=draft_source,
             **model_kwargs,
         )
     check_supported(model, input_ids, generation_config, model_kwargs)
@@ -121,6 +130,7 @@ def speculative_decoding(
             session,
             num_draft_tokens,
             stats,
+            draft_source,
         )
     return output
 
@@ -141,7 +151,7 @@ def check_supported(model, input_ids, generation_config, model_kwargs) -> None:
 
 @torch.inference_mode()
 def decode(
-    model, input_ids, logits_processor, stopping_criteria, config, session, num_draft_tokens, stats
+    model, input_ids, logits_processor, stopping_criteria, config, session, num_draft_tokens, stats, source
 ) -> torch.LongTensor:
     from transformers import DynamicCache
 
@@ -151,14 +161,16 @@ def decode(
         # Leave room for the target's own token: at most max_length tokens come out, nothing is truncated.
         room = config.max_length - len(context) - 1
         k = min(num_draft_tokens, room) if num_draft_tokens != AUTO else AUTO
-        drafts = draft(session, context, k, room, stats, model.config.vocab_size) if room > 0 else []
+        drafts, num_suffix = (
+            draft(session, context, k, room, stats, model.config.vocab_size, source) if room > 0 else ([], 0)
+        )
         started = time.perf_counter()
         logits = verify_logits(model, cache, context, drafts)
         kept, num_accepted, done = choose(
             logits, context, drafts, logits_processor, stopping_criteria, config
         )
         stats.verify_ms.append((time.perf_counter() - started) * 1e3)
-        stats.record(len(drafts), num_accepted, len(kept), called=room > 0)
+        stats.record(len(drafts), num_accepted, len(kept), called=room > 0, num_suffix=num_suffix)
         context += kept
         if done:
             return torch.tensor([context], dtype=input_ids.dtype, device=input_ids.device)
@@ -167,17 +179,21 @@ def decode(
         cache.crop(len(context) - 1 - cache.get_seq_length())
 
 
-def draft(session, context: list[int], k, room: int, stats: SpeculationStats, vocab_size: int) -> list[int]:
+def draft(
+    session, context: list[int], k, room: int, stats: SpeculationStats, vocab_size: int, source: str | None
+) -> tuple[list[int], int]:
+    """The round's drafts, and how many of them (the first ones) the server's suffix index made."""
     started = time.perf_counter()
-    answer = session.draft(context, k)
+    answer = session.draft(context, k) if source is None else session.draft(context, k, source=source)
     stats.draft_call_ms.append((time.perf_counter() - started) * 1e3)
     stats.num_skipped += answer.skipped is not None
     if "engine" in answer.server_timing_ms:
         stats.draft_engine_ms.append(answer.server_timing_ms["engine"])
     drafts = answer.tokens[: room if k == AUTO else k]  # never trust a server to respect k
+
     if drafts and not 0 <= min(drafts) <= max(drafts) < vocab_size:
         raise ValueError(f"the drafter sent token ids outside the target's vocabulary [0, {vocab_size})")
-    return drafts
+    return drafts, min(getattr(answer, "suffix_tokens", 0), len(drafts))
 
 
 def verify_logits(model, cache, context: list[int], drafts: list[int]) -> torch.Tensor:

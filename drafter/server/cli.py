@@ -82,6 +82,26 @@ OPTIONS: dict[str, tuple] = {
     "auto-max-queue": (int, "queue depth at which auto answers 0 drafts at once [max batch size]"),
     "max-sessions": (int, "sessions held; the least recently used go first [1024]"),
     "session-ttl-s": (float, "a session idle this long is dropped [600]"),
+    "draft-source": (
+        str,
+        "where drafts come from when a request does not say: model, suffix (the suffix index alone, no "
+        "model work) or hybrid (the suffix draft when it beats the model's, the model after it) [hybrid]",
+    ),
+    "suffix-tokens": (
+        int,
+        "tokens all sessions' suffix indexes hold together (~4 KB each); the least recently used "
+        "session's index goes first; 0 turns suffix drafting off [262144]",
+    ),
+    "suffix-min-score": (
+        float,
+        "hybrid: the suffix draft leads only if its score (expected accepted tokens by the index's "
+        "counts) reaches this, besides beating the model's expectation [0]",
+    ),
+    "suffix-global-tokens": (
+        int,
+        "tokens of recent conversations' responses in the suffix index every session drafts from, oldest "
+        "evicted first; 0 for servers whose tenants must not see each other's text [65536]",
+    ),
     "api-key": (
         str,
         "bearer token required on /draft, /info and /metrics [none: open]; prefer the variable, "

@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from drafter.sessions.draft_source import SOURCES
 from engine.config import EngineConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -53,6 +54,12 @@ class ServerConfig:
     auto_max_queue: int | None = None  # queue depth at which auto answers 0 drafts at once [max batch size]
     max_sessions: int = 1024  # sessions held (each up to max_seq_len int64 ids); least recently used go first
     session_ttl_s: float = 600.0  # a session idle this long is dropped
+    draft_source: str | None = None  # a request's source when it names none [hybrid; model if suffix is off]
+    suffix_tokens: int = (
+        262144  # tokens all sessions' suffix indexes hold together (~4 KB each); 0: no suffix drafts
+    )
+    suffix_global_tokens: int = 65536  # tokens of recent responses in the shared suffix index; 0: none
+    suffix_min_score: float = 0.0  # a hybrid draft starts with the suffix's only if its score reaches this
 
     def __post_init__(self):
         if not self.model:
@@ -92,6 +99,16 @@ class ServerConfig:
             raise ServerConfigError(f"max_sessions must be at least 1, got {self.max_sessions}")
         if not self.session_ttl_s > 0:
             raise ServerConfigError(f"session_ttl_s must be positive, got {self.session_ttl_s}")
+        if self.draft_source is not None and self.draft_source not in SOURCES:
+            raise ServerConfigError(
+                f"draft_source must be one of {', '.join(SOURCES)}, got {self.draft_source!r}"
+            )
+        if self.suffix_tokens < 0 or self.suffix_global_tokens < 0:
+            raise ServerConfigError("suffix_tokens and suffix_global_tokens must be at least 0")
+        if not 0 <= self.suffix_min_score <= 1000:
+            raise ServerConfigError(f"suffix_min_score must be in [0, 1000], got {self.suffix_min_score}")
+        if self.default_source not in self.sources:
+            raise ServerConfigError("suffix_tokens 0 turns suffix drafting off: draft_source must be model")
         if self.api_key is not None and not self.api_key.strip():
             raise ServerConfigError("api_key must not be empty (unset it to turn auth off)")
         self.engine_config()  # the engine's own checks (sizes, dtype, graphs on CUDA only) fail here too
@@ -115,6 +132,17 @@ class ServerConfig:
         if self.default_draft_length is not None:
             return self.default_draft_length
         return min(DEFAULT_NUM_DRAFT_TOKENS, self.max_draft_tokens)
+
+    @property
+    def default_source(self) -> str:
+        if self.draft_source is not None:
+            return self.draft_source
+        return "hybrid" if self.suffix_tokens else "model"
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The draft sources requests may ask for."""
+        return SOURCES if self.suffix_tokens else ("model",)
 
     @property
     def auto_zero_queue_depth(self) -> int:

@@ -24,6 +24,7 @@ from drafter.server.validation import (
     parse_draft_body,
     too_large,
 )
+from drafter.sessions.draft_source import MODEL, token_probs
 from drafter.sessions.speculation import Call
 from engine.requests import DraftError, DraftRequest, DraftResult
 
@@ -108,7 +109,7 @@ def submit(call: Call, runtime: Runtime) -> Pending:
     """Queue a prepared call for the engine, or the ApiError that says why not."""
     try:
         return runtime.batcher.submit(
-            DraftRequest(call.context, call.num_draft_tokens, call.params.session),
+            DraftRequest(call.engine_context, call.num_draft_tokens, call.params.session),
             runtime.config.request_timeout_s,
         )
     except QueueFull:
@@ -180,6 +181,8 @@ def draft_response(
         f"decode;dur={result.decode_ms:.3f}, engine;dur={result.engine_ms:.3f}, "
         f"receive;dur={call.receive_ms:.3f}, host;dur={host_ms:.3f}"
     )
+    if call.wanted != MODEL:  # the suffix lookup, inside `host`
+        timing += f", suffix;dur={call.lookup_ms:.3f}"
     return Response(content, media_type="application/json", headers={"Server-Timing": timing})
 
 
@@ -188,6 +191,8 @@ def answer_fields(call: Call, runtime: Runtime, result: DraftResult) -> dict:
     row give it."""
     params = call.params
     tokens, probs = result.tokens, result.probs
+    if call.head.tokens:
+        tokens, probs = call.head.tokens + tokens, token_probs(call.head) + probs
     if params.min_confidence > 0:
         keep = next((i for i, p in enumerate(probs) if p < params.min_confidence), len(probs))
         tokens, probs = tokens[:keep], probs[:keep]

@@ -133,6 +133,36 @@ class Metrics:
             registry=registry,
         )
         self.sessions_live = Gauge("drafter_sessions_live", "Sessions the server holds", registry=registry)
+        # By source (drafter.sessions.draft_source): a hybrid draft's suffix head counts as suffix tokens.
+        self.answers_by_source = Counter(
+            "drafter_answers_by_source",
+            "Answers by the source that made the draft: model, suffix or hybrid (a suffix head, then the model)",
+            ["source"],
+            registry=registry,
+        )
+        self.source_draft_tokens = Counter(
+            "drafter_spec_decode_num_draft_tokens_by_source",
+            "Draft tokens in verified drafts, by the source of each token (model or suffix)",
+            ["source"],
+            registry=registry,
+        )
+        self.source_accepted_tokens = Counter(
+            "drafter_spec_decode_num_accepted_tokens_by_source",
+            "Draft tokens the target accepted, by the source of each token (model or suffix)",
+            ["source"],
+            registry=registry,
+        )
+        self.suffix_index_tokens = Gauge(
+            "drafter_suffix_index_tokens",
+            "Tokens in the suffix indexes: local (all sessions' own) and global (recent responses)",
+            ["index"],
+            registry=registry,
+        )
+        self.suffix_pending_tokens = Gauge(
+            "drafter_suffix_pending_tokens",
+            "Context tokens waiting to be indexed (indexing runs after answering, in slices)",
+            registry=registry,
+        )
 
     def watch_cache(self, engine) -> None:
         """Page gauges read the engine's tables when scraped (plain ints: no lock, no device access)."""
@@ -142,6 +172,11 @@ class Metrics:
         self.kv_pages.labels("free").set_function(lambda: engine.table.allocator.num_free)
         self.kv_evicted_sequences.set_function(lambda: engine.table.counters.evicted_sequences)
         self.registry.register(RecompileCollector(engine.recompiles))
+
+    def watch_suffix(self, suffix) -> None:
+        self.suffix_index_tokens.labels("local").set_function(lambda: suffix.num_local)
+        self.suffix_index_tokens.labels("global").set_function(lambda: len(suffix.global_index))
+        self.suffix_pending_tokens.set_function(lambda: suffix.pending_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

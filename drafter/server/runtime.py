@@ -23,6 +23,7 @@ from drafter.server.request_body import BodyDeadlines
 from drafter.server.validation import Limits
 from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy
 from drafter.sessions.speculation import Speculation
+from drafter.sessions.suffix_drafts import SuffixDrafts, SuffixRules
 from drafter.sessions.table import SessionTable
 from engine.engine import Engine
 from engine.lifecycle import Lifecycle, State
@@ -50,6 +51,9 @@ class Runtime:
         self.body_deadlines = BodyDeadlines(config.body_timeout_s)
         self.fatal = asyncio.Event()  # the engine could not load: the process should exit non-zero
         self.startup: asyncio.Task | None = None
+        self.suffix: SuffixDrafts | None = None
+        self.suffix_work = asyncio.Event()  # set when the suffix indexes have tokens to take in
+        self.indexer: asyncio.Task | None = None
 
     @property
     def ready(self) -> bool:
@@ -101,9 +105,21 @@ class Runtime:
             max_draft_tokens=config.max_draft_tokens,
             default_num_draft_tokens=config.default_num_draft_tokens,
             max_body_bytes=config.max_body_bytes,
+            sources=config.sources,
         )
+        if config.suffix_tokens:
+            self.suffix = SuffixDrafts(
+                SuffixRules(), config.suffix_tokens, config.suffix_global_tokens, self.suffix_work.set
+            )
+            self.metrics.watch_suffix(self.suffix)
+            self.indexer = asyncio.create_task(self.index_suffixes(), name="drafter-suffix-indexer")
         self.speculation = Speculation(
-            SessionTable(config.max_sessions, config.session_ttl_s, config.max_seq_len),
+            SessionTable(
+                config.max_sessions,
+                config.session_ttl_s,
+                config.max_seq_len,
+                on_drop=self.suffix.drop if self.suffix is not None else lambda name: None,
+            ),
             DraftLengthPolicy(
                 DraftCost(config.target_verify_ms, costs.base_ms, costs.step_ms),
                 config.max_draft_tokens,
@@ -114,6 +130,9 @@ class Runtime:
             self.metrics,
             config.max_draft_tokens,
             config.max_seq_len,
+            self.suffix,
+            config.default_source,
+            config.suffix_min_score,
         )
         self.inline = InlinePolicy(
             inline_ms,
@@ -146,6 +165,18 @@ class Runtime:
             snapshot["fallbacks"] or "none",
         )
 
+    async def index_suffixes(self) -> None:
+        """Take new context tokens into the suffix indexes a slice at a time, between the loop's other
+        work, so indexing never holds up an answer for more than one slice (drafter.sessions.suffix_drafts)."""
+        try:
+            while True:
+                await self.suffix_work.wait()
+                self.suffix_work.clear()
+                while self.suffix.work():
+                    await asyncio.sleep(0)
+        except Exception:  # a bug here must not take the server down: lookups go on from what is indexed
+            log.exception("suffix indexing stopped; suffix drafts come from what was indexed until now")
+
     def on_engine_failure(self, error: BaseException) -> None:
         # Readiness and liveness both fail from here on, so an orchestrator restarts the process.
         self.lifecycle.fail(f"engine error while drafting: {type(error).__name__}: {error}")
@@ -163,6 +194,8 @@ class Runtime:
             log.warning("drain timed out with %d request(s) still in flight", self.in_flight)
 
     async def close(self) -> None:
+        if self.indexer is not None:
+            self.indexer.cancel()
         if self.batcher is not None:
             await self.batcher.stop()
         if self.startup is not None and not self.startup.done():

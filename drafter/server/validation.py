@@ -25,6 +25,7 @@ FIELDS = (
     "prefix_len",
     "session_token",
     "close",
+    "source",
 )
 BATCH_FIELDS = ("requests",)
 AUTO = "auto"  # num_draft_tokens: let the server pick k (drafter.sessions.draft_length)
@@ -38,6 +39,7 @@ class Limits:
     max_draft_tokens: int
     default_num_draft_tokens: int | str  # or AUTO
     max_body_bytes: int
+    sources: tuple[str, ...] = ("model",)  # the draft sources this server offers (suffix drafting on or off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ class DraftParams:
     prefix_len: int | None = None  # set: a v2 (incremental) call
     session_token: str | None = None
     close: bool = False
+    source: str | None = None  # "model", "suffix" or "hybrid"; None: the server's default
 
 
 def check_content_type(header: str | None) -> None:
@@ -110,7 +113,18 @@ def parse_draft_fields(data: dict, limits: Limits) -> DraftParams:
         prefix_len=prefix_len,
         session_token=session_token,
         close=parse_flag(data.get("close"), "close"),
+        source=parse_source(data.get("source"), limits),
     )
+
+
+def parse_source(source, limits: Limits) -> str | None:
+    if source is None or (isinstance(source, str) and source in limits.sources):
+        return source
+    offered = ", ".join(f'"{name}"' for name in limits.sources)
+    more = (
+        "" if len(limits.sources) > 1 else " (this server runs with suffix drafting off: --suffix-tokens 0)"
+    )
+    raise invalid(f"source must be one of {offered}{more}", "source")
 
 
 def parse_num_draft_tokens(k, limits: Limits) -> int | str:

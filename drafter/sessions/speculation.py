@@ -1,6 +1,8 @@
 """What a `/draft` call means beyond its tokens: the context a v2 call names through its session, how many of
-the session's last drafts that context kept, the k that `"auto"` picks, and, once drafted, the session's
-new state and the acceptance tally (Prometheus counters and the figures `/info` shows).
+the session's last drafts that context kept, where the draft comes from (drafter.sessions.draft_source: the
+suffix index's lookup happens here, the one lookup a call makes), the k that `"auto"` picks, and, once
+drafted, the session's new state and the acceptance tally by source (Prometheus counters and the figures
+`/info` shows).
 
 `prepare` runs before the call is queued and changes nothing a reader sees; then exactly one of `finish`
 (drafts in hand) or `abandon` (the call failed: the server stays as it was). The engine always receives the
@@ -9,6 +11,7 @@ whole context.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +20,18 @@ from drafter.server.errors import ApiError
 from drafter.server.metrics import Metrics
 from drafter.server.validation import AUTO, DraftParams
 from drafter.sessions.draft_length import Acceptance, DraftLengthPolicy, Load
+from drafter.sessions.draft_source import (
+    HYBRID,
+    MODEL,
+    SUFFIX,
+    SuffixTrack,
+    suffix_leads,
+)
+from drafter.sessions.suffix_drafts import NO_DRAFT, SuffixDrafts
+from drafter.sessions.suffix_index import SuffixDraft
 from drafter.sessions.table import Session, SessionTable, SessionUnknown, accepted_drafts
+
+SOURCE_LABELS = (MODEL, SUFFIX)  # what each draft token came from; a hybrid draft has tokens of both
 
 
 def session_unknown() -> ApiError:
@@ -38,10 +52,28 @@ class Call:
     session: Session | None  # the session as read before drafting; None if new or sessionless
     accepted: int | None  # of the session's last drafts; None if they were not verified by this call
     num_previous_drafts: int
-    acceptance: Acceptance  # the estimate after this call's feedback
-    num_draft_tokens: int  # what to draft; 0 = answer at once without queueing
+    acceptance: Acceptance  # the estimate for model drafts after this call's feedback
+    num_draft_tokens: int  # what the model drafts (after the head); 0 = no engine work, answer at once
+    suffix_track: SuffixTrack = SuffixTrack()  # how the session's suffix drafts fared, after this feedback
+    wanted: str = MODEL  # the source the call asked for (or the server's default)
+    head: SuffixDraft = NO_DRAFT  # the suffix index's draft that leads this one (maybe all of it)
+    lookup_ms: float = 0.0  # the suffix lookup, for Server-Timing
     settled: bool = False  # finished or abandoned: a v2 call lets go of its session exactly once
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
+
+    @property
+    def engine_context(self) -> np.ndarray | list[int]:
+        """What the model drafts after: the context, then the suffix head if there is one."""
+        if not self.head.tokens:
+            return self.context
+        return np.concatenate((np.asarray(self.context, dtype=np.int64), self.head.tokens))
+
+    @property
+    def source(self) -> str:
+        """Which source made this call's draft (as the answer says it)."""
+        if not self.head.tokens:
+            return SUFFIX if self.wanted == SUFFIX else MODEL
+        return HYBRID if self.num_draft_tokens else SUFFIX
 
 
 class Speculation:
@@ -52,11 +84,20 @@ class Speculation:
         metrics: Metrics,
         max_draft_tokens: int,
         max_seq_len: int,
+        suffix: SuffixDrafts | None = None,  # None: suffix drafting is off
+        default_source: str = MODEL,
+        suffix_min_score: float = 0.0,
     ):
         self.sessions, self.policy, self.metrics = sessions, policy, metrics
-        self.max_seq_len = max_seq_len
+        self.max_seq_len, self.max_draft_tokens = max_seq_len, max_draft_tokens
+        self.suffix, self.default_source = suffix, default_source
+        self.suffix_min_score = suffix_min_score
         self.acceptance = Acceptance()  # server-wide: where new sessions start
+        self.suffix_track = SuffixTrack()
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        # By source: verified draft tokens, and accepted ones; answers by the source that made them.
+        self.by_source = {label: [0, 0] for label in SOURCE_LABELS}
+        self.answers_by_source = dict.fromkeys((MODEL, SUFFIX, HYBRID), 0)
         # Python lists: at most max_draft_tokens entries, updated on every call, where numpy's per-call
         # overhead would cost more than the loop.
         self.drafted_per_pos = [0] * max_draft_tokens
@@ -84,21 +125,67 @@ class Speculation:
         accepted = None if session is None else accepted_drafts(session, context, known_equal)
         num_previous = 0 if session is None else len(session.drafts)
         acceptance = self.acceptance if session is None else session.acceptance
+        track = self.suffix_track if session is None else session.suffix_track
         if accepted is not None:
-            acceptance = acceptance.updated(num_previous, accepted)
+            acceptance, track = self.feedback(session, accepted, acceptance, track)
+        room = self.max_seq_len - len(context)
         k = params.num_draft_tokens
-        if k == AUTO:
-            k = self.policy.choose(acceptance, load, room=self.max_seq_len - len(context))
-        return Call(params, context, session, accepted, num_previous, acceptance, k)
+        source = params.source or self.default_source
+        call = Call(params, context, session, accepted, num_previous, acceptance, 0, track, source)
+        # A suffix draft costs no decode steps: under "auto" it may run to the server's maximum.
+        max_suffix = min(self.max_draft_tokens, room) if k == AUTO else k
+        if source == SUFFIX:
+            call.head, call.lookup_ms = self.look_up(params, context, max_suffix)
+            return call
+        call.num_draft_tokens = self.policy.choose(acceptance, load, room=room) if k == AUTO else k
+        if source == HYBRID:
+            head, call.lookup_ms = self.look_up(params, context, max_suffix)
+            if suffix_leads(head, track, acceptance.p, call.num_draft_tokens, self.suffix_min_score):
+                call.head = head
+                left = max(0, call.num_draft_tokens - len(head.tokens))
+                call.num_draft_tokens = min(left, room - len(head.tokens))
+        return call
+
+    def look_up(self, params: DraftParams, context, max_tokens: int) -> tuple[SuffixDraft, float]:
+        """The suffix index's draft for this call's context, and what the lookup took (ms)."""
+        started = time.perf_counter()
+        # Only a v2 call proves it holds its session (its token); the store checks full-context calls.
+        trusted = params.prefix_len is not None
+        head = self.suffix.lookup(params.session, np.asarray(context), max_tokens, trusted)
+        return head, (time.perf_counter() - started) * 1e3
+
+    def feedback(
+        self, session: Session, accepted: int, acceptance: Acceptance, track: SuffixTrack
+    ) -> tuple[Acceptance, SuffixTrack]:
+        """The estimates after the target kept `accepted` of the session's last drafts: the suffix head's
+        share goes to the suffix track, the model's (verified only if the whole head was kept) to its
+        acceptance."""
+        head_len, num_model = session.head_len, len(session.drafts) - session.head_len
+        if head_len:
+            track = track.updated(session.head_expected, min(accepted, head_len))
+        if num_model and accepted >= head_len:
+            acceptance = acceptance.updated(num_model, accepted - head_len)
+        return acceptance, track
 
     def finish(self, call: Call, drafts: list[int]) -> dict:
-        """Store the session and count the feedback; the answer's extra fields."""
+        """Store the session, note its context for the suffix index and count the feedback; the answer's
+        extra fields. `drafts` starts with the call's suffix head (min_confidence may have cut it)."""
         params = call.params
         call.settled = True
-        fields: dict = {"num_draft_tokens": call.num_draft_tokens}
+        head_len = min(len(call.head.tokens), len(drafts))
+        fields: dict = {
+            "num_draft_tokens": len(call.head.tokens) + call.num_draft_tokens,
+            "source": call.source,
+        }
+        if call.head.tokens:
+            fields["suffix_tokens"] = head_len
+        self.answers_by_source[call.source] += 1
+        self.metrics.answers_by_source.labels(call.source).inc()
         if call.accepted is not None:
             fields["accepted"] = call.accepted
-            self.record(call.num_previous_drafts, call.accepted)
+            self.record(
+                call.num_previous_drafts, call.accepted, call.session.head_len, call.session.head_expected
+            )
         if params.session is not None:
             token = self.sessions.commit(
                 params.session,
@@ -107,10 +194,16 @@ class Speculation:
                 call.context,
                 drafts,
                 call.acceptance,
+                call.suffix_track,
+                head_len,
+                sum(call.head.probs[:head_len]),
             )
             fields["session_token"] = token
             if params.close:
                 self.sessions.close(params.session, token)
+            elif call.wanted != MODEL and self.sessions.sessions.get(params.session) is not None:
+                # Indexed later, off this call's path; only sessions that draft from the index pay for it.
+                self.suffix.update(params.session, call.context)
         return fields
 
     def abandon(self, call: Call) -> None:
@@ -118,10 +211,24 @@ class Speculation:
             self.sessions.release(call.session)
         call.settled = True
 
-    def record(self, num_drafted: int, num_accepted: int) -> None:
+    def record(
+        self, num_drafted: int, num_accepted: int, head_len: int = 0, head_expected: float = 0.0
+    ) -> None:
+        """Count a verified draft of `num_drafted` tokens (the first `head_len` from the suffix index, whose
+        counts expected `head_expected` of them kept) of which the target kept `num_accepted`."""
         if num_drafted == 0:  # nothing was proposed, so nothing was verified
             return
         metrics = self.metrics
+        for label, drafted, kept in (
+            (SUFFIX, head_len, min(num_accepted, head_len)),
+            (MODEL, num_drafted - head_len, max(0, num_accepted - head_len)),
+        ):
+            if drafted:
+                tally = self.by_source[label]
+                tally[0] += drafted
+                tally[1] += kept
+                metrics.source_draft_tokens.labels(label).inc(drafted)
+                metrics.source_accepted_tokens.labels(label).inc(kept)
         self.num_drafts += 1
         self.num_draft_tokens += num_drafted
         self.num_accepted_tokens += num_accepted
@@ -134,7 +241,10 @@ class Speculation:
         metrics.spec_accepted_tokens.inc(num_accepted)
         for counter in self.accepted_at[:num_accepted]:
             counter.inc()
-        self.acceptance = self.acceptance.updated(num_drafted, num_accepted)
+        if num_drafted > head_len and num_accepted >= head_len:
+            self.acceptance = self.acceptance.updated(num_drafted - head_len, num_accepted - head_len)
+        if head_len:
+            self.suffix_track = self.suffix_track.updated(head_expected, min(num_accepted, head_len))
 
     def describe(self) -> dict:
         drafted = self.drafted_per_pos
@@ -154,4 +264,16 @@ class Speculation:
             "acceptance_per_position": per_position,
             "num_drafted_per_position": list(drafted),
             "server_acceptance_estimate": round(self.acceptance.p, 4),
+            "by_source": {
+                label: {
+                    "num_draft_tokens": drafted,
+                    "num_accepted_tokens": kept,
+                    "acceptance_rate": round(kept / drafted, 4) if drafted else None,
+                }
+                for label, (drafted, kept) in self.by_source.items()
+            },
+            "answers_by_source": dict(self.answers_by_source),
+            "default_source": self.default_source,
+            "suffix_min_score": self.suffix_min_score,
+            "suffix_index": self.suffix.describe() if self.suffix is not None else None,
         }

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from drafter.sessions.draft_length import Acceptance
+from drafter.sessions.draft_source import SuffixTrack
 
+NEW_TRACK = SuffixTrack()  # frozen: one shared default
 MIN_CAPACITY = 1024  # ids; a buffer grows by doubling, so a conversation copies O(log length) times
 
 
@@ -44,9 +46,12 @@ class Session:
     buffer: np.ndarray  # int64 [capacity]: the last context, then scratch room
     context_len: int  # the last call's context is buffer[:context_len]
     drafts: np.ndarray  # int64 [k], the drafts returned to the last call
-    acceptance: Acceptance  # this conversation's estimate, see drafter.sessions.draft_length
+    acceptance: Acceptance  # this conversation's estimate for model drafts, see drafter.sessions.draft_length
     touched: float  # clock time of the last call
     in_flight: int = 0  # v2 calls drafting from this session now
+    suffix_track: SuffixTrack = SuffixTrack()  # how its suffix drafts fared (drafter.sessions.draft_source)
+    head_len: int = 0  # of `drafts`, how many came from the suffix index (the first ones)
+    head_expected: float = 0.0  # what the index's counts expected of those
 
     @property
     def context(self) -> np.ndarray:
@@ -88,9 +93,10 @@ class SessionTable:
         ttl_s: float,
         max_len: int,
         clock: Callable[[], float] = time.monotonic,
+        on_drop: Callable[[str], None] = lambda name: None,  # a session left the table (its name)
     ):
         self.max_sessions, self.ttl_s, self.max_len = max_sessions, ttl_s, max_len  # max_len: longest context
-        self.clock = clock
+        self.clock, self.on_drop = clock, on_drop
         self.sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self.num_expired = 0
         self.num_evicted = 0
@@ -143,6 +149,9 @@ class SessionTable:
         context: np.ndarray,
         drafts: list[int],
         acceptance: Acceptance,
+        suffix_track: SuffixTrack = NEW_TRACK,
+        head_len: int = 0,
+        head_expected: float = 0.0,
     ) -> str:
         """Store a finished call: its context (a view of a session buffer, from `extend` or `full_context`)
         and drafts become the sequence. A full-context call (rebuild) makes a fresh token; a v2 call keeps
@@ -156,14 +165,27 @@ class SessionTable:
             if self.sessions.get(name) is read:
                 read.buffer, read.context_len, read.drafts = context.base, len(context), draft_array
                 read.acceptance, read.touched = acceptance, now
+                read.suffix_track, read.head_len, read.head_expected = suffix_track, head_len, head_expected
                 self.sessions.move_to_end(name)
             return read.token
         self.sessions.pop(name, None)
         token = secrets.token_urlsafe(16)
-        self.sessions[name] = Session(name, token, context.base, len(context), draft_array, acceptance, now)
+        self.sessions[name] = Session(
+            name,
+            token,
+            context.base,
+            len(context),
+            draft_array,
+            acceptance,
+            now,
+            suffix_track=suffix_track,
+            head_len=head_len,
+            head_expected=head_expected,
+        )
         while len(self.sessions) > self.max_sessions:
-            self.sessions.popitem(last=False)
+            evicted, _ = self.sessions.popitem(last=False)
             self.num_evicted += 1
+            self.on_drop(evicted)
         return token
 
     def close(self, name: str, token: str) -> bool:
@@ -171,6 +193,7 @@ class SessionTable:
         if session is None or not secrets.compare_digest(session.token, token):
             return False
         del self.sessions[name]
+        self.on_drop(name)
         return True
 
     def expire(self) -> None:
@@ -179,8 +202,9 @@ class SessionTable:
             oldest = next(iter(self.sessions.values()))
             if oldest.touched >= deadline:
                 return
-            self.sessions.popitem(last=False)
+            expired, _ = self.sessions.popitem(last=False)
             self.num_expired += 1
+            self.on_drop(expired)
 
     def describe(self) -> dict:
         return {

@@ -49,6 +49,7 @@ from bench.prompts import (
 from bench.refusals import ServerRefused
 from drafter.client import DraftClient, DraftRequestError, TransportError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats, speculative_decoding
+from drafter.sessions.draft_source import MODEL, SOURCES
 
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
 for noisy in ("torchao", "torch.utils._pytree"):
@@ -81,10 +82,15 @@ def target_greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bo
 
 
 def speculative_greedy(
-    model, client, prompt, max_new_tokens: int, stats: SpeculationStats, stop_at_eos: bool
+    model, client, prompt, max_new_tokens: int, stats: SpeculationStats, stop_at_eos: bool, source: str
 ):
     skipped = stats.num_skipped
-    kwargs = dict(draft_client=client, num_draft_tokens=stats.num_draft_tokens, speculation_stats=stats)
+    kwargs = dict(
+        draft_client=client,
+        num_draft_tokens=stats.num_draft_tokens,
+        speculation_stats=stats,
+        draft_source=source,
+    )
     new = generate(model, prompt, max_new_tokens, stop_at_eos, custom_generate=speculative_decoding, **kwargs)
     if stats.num_skipped > skipped:
         raise BenchError(f"{stats.num_skipped - skipped} draft calls to {client.url} failed (see its log)")
@@ -123,6 +129,15 @@ def draft_lengths(text: str) -> list[int | str]:
     return lengths
 
 
+def draft_sources(text: str) -> list[str]:
+    sources = [word.strip() for word in text.split(",")]
+    if not sources or any(source not in SOURCES for source in sources):
+        raise argparse.ArgumentTypeError(
+            f"expected some of {', '.join(SOURCES)}, comma-separated, got {text!r}"
+        )
+    return sources
+
+
 def parse_args(argv):
     def positive(text: str) -> int:
         if not text.isdigit() or int(text) < 1:
@@ -145,6 +160,12 @@ def parse_args(argv):
     parser.add_argument("--max-new-tokens", type=positive, help="[--testbed: the recipe's, else 64]")
     parser.add_argument(
         "--num-draft-tokens", type=draft_lengths, help="e.g. 2,4,8,16,auto [8; --testbed: that]"
+    )
+    parser.add_argument(
+        "--source",
+        type=draft_sources,
+        default=[MODEL],
+        help="draft sources to measure, e.g. model,suffix,hybrid (drafter.sessions.draft_source) [model]",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if cuda else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="[bfloat16 on CUDA, float32 on CPU]")
@@ -228,15 +249,17 @@ def measure_workload(args, model, client, prompts, warmup, bar) -> list[dict]:
         alone_s += seconds
         bar.update()
     results = []
-    for k in args.num_draft_tokens:
-        speculative_greedy(model, client, warmup, n, SpeculationStats(k), stop)
-        stats, outputs, speculative_s = SpeculationStats(k), [], 0.0
-        for prompt in prompts:
-            out, seconds = timed(speculative_greedy, model, client, prompt, n, stats, stop)
-            outputs.append(out)
-            speculative_s += seconds
-            bar.update()
-        results.append(result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu))
+    for source in args.source:
+        for k in args.num_draft_tokens:
+            speculative_greedy(model, client, warmup, n, SpeculationStats(k), stop, source)
+            stats, outputs, speculative_s = SpeculationStats(k), [], 0.0
+            for prompt in prompts:
+                out, seconds = timed(speculative_greedy, model, client, prompt, n, stats, stop, source)
+                outputs.append(out)
+                speculative_s += seconds
+                bar.update()
+            row = result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu)
+            results.append({"source": source, **row})
     return results
 
 
@@ -290,7 +313,7 @@ def run(args) -> dict:
         DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
     ):
         prompts, warmup, info = prepare(args, client, model, workloads)
-        total = sum(map(len, prompts.values())) * (1 + len(args.num_draft_tokens))
+        total = sum(map(len, prompts.values())) * (1 + len(args.num_draft_tokens) * len(args.source))
         results = []
         with tqdm(total=total, desc="acceptance", unit="decode", file=sys.stderr) as bar:
             for workload, workload_prompts in prompts.items():
@@ -305,6 +328,7 @@ def run(args) -> dict:
             "target": str(args.target),
             "url": url if args.url else "started by --testbed",
             "num_draft_tokens": args.num_draft_tokens,
+            "sources": args.source,
             "max_new_tokens": args.max_new_tokens,
             "stop_at_eos": args.stop_at_eos,
             "device": args.device,

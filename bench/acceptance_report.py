@@ -40,6 +40,7 @@ def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, g
         "mean_accepted_tokens": stats.mean_accepted_tokens,
         "acceptance_by_position": stats.acceptance_by_position,
         "mean_drafts_per_round": sum(d for d, _, _ in stats.round_log) / max(1, stats.num_rounds),
+        "suffix_draft_share": sum(stats.suffix_log) / max(1, sum(d for d, _, _ in stats.round_log)),
         "lossless": all(m is None for m in mismatches),
         "first_mismatch": mismatches,
         "target_only_s": alone_s,
@@ -56,17 +57,26 @@ def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, g
             / max(1, stats.num_rounds),
         },
         "draft_call_ms": percentiles(stats.draft_call_ms),
-        "projected_gpu": project(stats.round_log, gpu),
+        "projected_gpu": project(stats.round_log, gpu, stats.suffix_log),
         "outputs": outputs,
         "target_only_outputs": reference,
     }
 
 
+def run_name(row: dict, results: list[dict]) -> str:
+    """A row's workload, and its draft source where the run measured more than one."""
+    if len({r.get("source", "model") for r in results}) == 1:
+        return row["workload"]
+    return f"{row['workload']} ({row.get('source', 'model')})"
+
+
 def summarize(results: list[dict]) -> dict:
-    """Per workload: the best fixed k afterwards (measured and projected), and `"auto"` against it."""
+    """Per workload (and source): the best fixed k afterwards (measured and projected), and `"auto"` against
+    it."""
     summary = {}
-    for workload in dict.fromkeys(r["workload"] for r in results):
-        rows = [r for r in results if r["workload"] == workload]
+    for name in dict.fromkeys(run_name(r, results) for r in results):
+        rows = [r for r in results if run_name(r, results) == name]
+        workload = name
         fixed = [r for r in rows if r["num_draft_tokens"] != AUTO]
         auto = next((r for r in rows if r["num_draft_tokens"] == AUTO), None)
         entry = {}
@@ -96,18 +106,18 @@ def markdown(report: dict) -> str:
         f"{machine['date']}. Projected GPU: verify {gpu['verify_ms']} ms, draft "
         f"{gpu['draft_overhead_ms']} ms + {gpu['draft_step_ms']} ms per token.",
         "",
-        "| workload | k | alone tok/s | with drafts tok/s | speedup | tokens/round | drafts/round "
-        "| acceptance by position | waiting for drafts | lossless | projected GPU speedup |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | source | k | alone tok/s | with drafts tok/s | speedup | tokens/round | drafts/round "
+        "| from suffix | acceptance by position | waiting for drafts | lossless | projected GPU speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         by_position = " ".join(fmt(a) for a in r["acceptance_by_position"][:8])
         if len(r["acceptance_by_position"]) > 8:
             by_position += " ..."
         lines.append(
-            f"| {r['workload']} | {r['num_draft_tokens']} | {r['target_tokens_per_s']:.1f} "
+            f"| {r['workload']} | {r.get('source', 'model')} | {r['num_draft_tokens']} | {r['target_tokens_per_s']:.1f} "
             f"| {r['speculative_tokens_per_s']:.1f} | **{r['speedup']:.2f}** | {r['mean_accepted_tokens']:.2f} "
-            f"| {r['mean_drafts_per_round']:.1f} | {by_position} | {100 * r['draft_wait_share']:.0f}% "
+            f"| {r['mean_drafts_per_round']:.1f} | {100 * r.get('suffix_draft_share', 0):.0f}% | {by_position} | {100 * r['draft_wait_share']:.0f}% "
             f"| {'yes' if r['lossless'] else 'NO'} | {fmt(r['projected_gpu']['speedup'])} |"
         )
     lines += ["", '`"auto"` against the best fixed k chosen afterwards:', "",
@@ -126,10 +136,10 @@ def markdown(report: dict) -> str:
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     lines += ["", "Where a round's time went, ms per round (verify: the target's forward; engine: the server's "
               "drafting; HTTP and client: the rest of the call):", "",
-              "| workload | k | verify | draft engine | HTTP and client |", "|---|---|---|---|---|"]  # fmt: skip
+              "| workload | source | k | verify | draft engine | HTTP and client |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["results"]:
         split = r["split_ms_per_round"]
-        lines.append(f"| {r['workload']} | {r['num_draft_tokens']} | {split['verify']:.2f} | "
+        lines.append(f"| {r['workload']} | {r.get('source', 'model')} | {r['num_draft_tokens']} | {split['verify']:.2f} | "
                      f"{split['draft_engine']:.2f} | {split['draft_http_and_client']:.2f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -142,7 +152,7 @@ def plot(report: dict, path: Path) -> None:
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
     for workload in report["summary"]:
-        rows = [r for r in report["results"] if r["workload"] == workload]
+        rows = [r for r in report["results"] if run_name(r, report["results"]) == workload]
         labels = [str(r["num_draft_tokens"]) for r in rows]
         axes[0].plot(labels, [r["speedup"] for r in rows], marker="o", label=workload)
         axes[1].plot(labels, [r["projected_gpu"]["speedup"] for r in rows], marker="o", label=workload)
@@ -165,7 +175,7 @@ def write_outputs(report: dict, directory: Path) -> None:
 def print_summary(report: dict) -> None:
     for r in report["results"]:
         print(
-            f"{r['workload']:>8} k={r['num_draft_tokens']!s:<4} speedup {r['speedup']:.2f}x "
+            f"{r['workload']:>8} {r.get('source', 'model'):>6} k={r['num_draft_tokens']!s:<4} speedup {r['speedup']:.2f}x "
             f"(projected GPU {fmt(r['projected_gpu']['speedup'])}x), {r['mean_accepted_tokens']:.2f} tokens/round, "
             f"waiting {100 * r['draft_wait_share']:.0f}%, lossless {'yes' if r['lossless'] else 'NO'}"
         )

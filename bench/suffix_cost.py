@@ -1,12 +1,19 @@
-"""What the suffix index (drafter/sessions/suffix_index.py) costs on the CPU at an 8k-token context.
+"""What the suffix index (drafter/sessions/suffix_index.py) costs on the CPU at an 8k-token context, and what
+the server's suffix drafts (drafter/sessions/suffix_drafts.py) cost a call.
 
-    python bench/suffix_cost.py [--tokens 8192] [--max-depth 24] [--reps 2000]
+    python bench/suffix_cost.py [--tokens 8192] [--global-tokens 65536] [--max-depth 24] [--reps 2000]
 
 One sequence of real token ids (the testbed workloads, concatenated and cycled to length, so its tail occurs
 earlier too, as an edited file's or a repeated answer's would) is indexed with `add`; then `extend` by 1 and
 by 9 tokens (each rolled back with `truncate`, untimed, so every repetition sees the same index), and
 `speculate(context, max_tokens=16)` on a hit (the sequence itself as the context) and on a miss (a context
 ending in ids no sequence holds). Figures are medians over the repetitions, in microseconds.
+
+Then the server's side: a session whose index holds that sequence, beside a global index of
+`--global-tokens` other tokens (a full one at the server's default cap). `lookup` is the one call a /draft
+makes on its critical path (both indexes); `work` slices are what indexing a new 8k-token prompt holds the
+event loop for at a time (the server's 0.2 ms budget): their median and maximum bound what a request
+arriving meanwhile waits.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from bench.testbed import PAIR
+from drafter.sessions.suffix_drafts import SuffixDrafts, SuffixRules
 from drafter.sessions.suffix_index import SuffixIndex
 
 WORKLOADS = PAIR / "workloads"
@@ -58,6 +68,7 @@ def cpu_name() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--global-tokens", type=int, default=65536)
     parser.add_argument("--max-depth", type=int, default=24)
     parser.add_argument("--reps", type=int, default=2000, help="for the fast calls; `add` gets a fiftieth")
     args = parser.parse_args(argv)
@@ -87,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             median_us(lambda: index.speculate(miss_context, 16), args.reps),
         ),
     ]
+    rows += server_rows(args, stream)
     print(f"{cpu_name()}, Python {platform.python_version()}")
     print(f"{args.tokens} tokens, max_depth {args.max_depth}: {index.num_nodes} nodes")
     print(f"the hit drafts {len(hit.tokens)} tokens on a {hit.match_len}-token match (score {hit.score:.2f})")
@@ -96,6 +108,41 @@ def main(argv: list[str] | None = None) -> int:
     for name, us in rows:
         print(f"| {name} | {us:,.1f} |")
     return 0
+
+
+def server_rows(args, stream: list[int]) -> list[tuple[str, float]]:
+    """The server's store: lookups at this context beside a full global index, and indexing's slices."""
+    rules = SuffixRules(max_depth=args.max_depth)
+    store = SuffixDrafts(rules, local_tokens=10 * args.tokens, global_tokens=args.global_tokens)
+    others = workload_tokens(args.tokens + args.global_tokens)[args.tokens :]
+    store.update("others", np.asarray(others[:1], dtype=np.int64))  # a one-token prompt: the rest is response
+    store.update("others", np.asarray(others, dtype=np.int64))
+    while store.work(budget_s=1.0):
+        pass
+    context = np.asarray(stream[: args.tokens], dtype=np.int64)
+    store.update("session", context)
+    slices = []
+    while True:
+        started = time.perf_counter()
+        more = store.work()
+        slices.append(time.perf_counter() - started)
+        if not more:
+            break
+    miss = np.concatenate((context, [UNSEEN, UNSEEN + 1]))
+    hit = store.lookup("session", context, 16, trusted=True)
+    print(
+        f"server: a hit drafts {len(hit.tokens)} tokens; global index {len(store.global_index)} tokens; "
+        f"a new {args.tokens}-token prompt indexed in {len(slices)} slices"
+    )
+    return [
+        (
+            "server lookup, hit (session index + global index)",
+            median_us(lambda: store.lookup("session", context, 16, True), args.reps),
+        ),
+        ("server lookup, miss", median_us(lambda: store.lookup("session", miss, 16, True), args.reps)),
+        ("indexing: a slice, median", 1e6 * statistics.median(slices)),
+        ("indexing: a slice, max", 1e6 * max(slices)),
+    ]
 
 
 if __name__ == "__main__":

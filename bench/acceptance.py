@@ -238,8 +238,11 @@ def verify_ms_per_token(model, warmup: list[int], args) -> float:
     return 1e3 * seconds / args.max_new_tokens
 
 
-def measure_workload(args, model, client, prompts, warmup, bar) -> list[dict]:
-    """Target alone on every prompt, then with drafts for each k; each after an untimed warm-up."""
+def measure_workload(args, model, connect, prompts, warmup, bar) -> list[dict]:
+    """Target alone on every prompt, then with drafts for each source and k, each after an untimed warm-up
+    and from the client `connect()` gives (for --testbed, a fresh server each time: a server's global suffix
+    index keeps every conversation's response, so a second run of the same prompts would draft from the
+    first run's outputs)."""
     n, stop = args.max_new_tokens, args.stop_at_eos
     target_greedy(model, warmup, n, stop)
     reference, alone_s = [], 0.0
@@ -251,16 +254,24 @@ def measure_workload(args, model, client, prompts, warmup, bar) -> list[dict]:
     results = []
     for source in args.source:
         for k in args.num_draft_tokens:
-            speculative_greedy(model, client, warmup, n, SpeculationStats(k), stop, source)
-            stats, outputs, speculative_s = SpeculationStats(k), [], 0.0
-            for prompt in prompts:
-                out, seconds = timed(speculative_greedy, model, client, prompt, n, stats, stop, source)
-                outputs.append(out)
-                speculative_s += seconds
-                bar.update()
-            row = result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu)
-            results.append({"source": source, **row})
+            with connect() as client:
+                results.append(
+                    measure_run(args, model, client, prompts, warmup, bar, source, k, reference, alone_s)
+                )
     return results
+
+
+def measure_run(args, model, client, prompts, warmup, bar, source, k, reference, alone_s) -> dict:
+    """One source and k over the workload's prompts, after an untimed warm-up."""
+    n, stop = args.max_new_tokens, args.stop_at_eos
+    speculative_greedy(model, client, warmup, n, SpeculationStats(k), stop, source)
+    stats, outputs, speculative_s = SpeculationStats(k), [], 0.0
+    for prompt in prompts:
+        out, seconds = timed(speculative_greedy, model, client, prompt, n, stats, stop, source)
+        outputs.append(out)
+        speculative_s += seconds
+        bar.update()
+    return {"source": source, **result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu)}
 
 
 def prepare(args, client: DraftClient, model, workloads):
@@ -281,18 +292,10 @@ def prepare(args, client: DraftClient, model, workloads):
 
 
 @contextlib.contextmanager
-def drafter_url(args, model):
-    """The server to use: --url, or for --testbed one started on the pair's drafter (stopped after)."""
-    if args.url:
-        yield args.url, None
-        return
+def started_server(flags: list[str]):
+    """A drafter server with these flags, stopped after."""
     from bench.server import ServerProcess
 
-    [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
-    verify_ms = verify_ms_per_token(model, warmup, args)
-    model_dir = args.testbed / TESTBED_DRAFTERS[args.drafter]
-    flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
-    print(f"starting a drafter server on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
     server = ServerProcess(flags, timeout_s=300)
     try:
         url = server.wait_ready()
@@ -300,16 +303,41 @@ def drafter_url(args, model):
         server.close()
         raise BenchError(f"the drafter server for --testbed did not start: {error}") from None
     try:
-        yield url, verify_ms
+        yield url
     finally:
         server.close()
+
+
+@contextlib.contextmanager
+def drafter_url(args, model):
+    """The server to use, the verify time it was told, and `connect()`, a client for one run: --url's server,
+    or for --testbed servers on the pair's drafter, a fresh one per run (see measure_workload)."""
+    if args.url:
+        yield args.url, None, lambda: DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
+        return
+    [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+    verify_ms = verify_ms_per_token(model, warmup, args)
+    model_dir = args.testbed / TESTBED_DRAFTERS[args.drafter]
+    flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
+    print(f"drafter servers on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def connect():
+        with (
+            started_server(flags) as url,
+            DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
+        ):
+            yield client
+
+    with started_server(flags) as url:
+        yield url, verify_ms, connect
 
 
 def run(args) -> dict:
     workloads = read_workloads(args)
     model = load_target(args.target, args.device, args.dtype)
     with (
-        drafter_url(args, model) as (url, verify_ms),
+        drafter_url(args, model) as (url, verify_ms, connect),
         DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
     ):
         prompts, warmup, info = prepare(args, client, model, workloads)
@@ -318,7 +346,7 @@ def run(args) -> dict:
         with tqdm(total=total, desc="acceptance", unit="decode", file=sys.stderr) as bar:
             for workload, workload_prompts in prompts.items():
                 bar.set_postfix(workload=workload)
-                for row in measure_workload(args, model, client, workload_prompts, warmup, bar):
+                for row in measure_workload(args, model, connect, workload_prompts, warmup, bar):
                     results.append({"workload": workload, **row})
     return {
         "results": results,

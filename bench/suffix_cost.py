@@ -25,6 +25,7 @@ import platform
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
@@ -100,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rows += server_rows(args, stream)
     print(f"{cpu_name()}, Python {platform.python_version()}")
-    print(f"{args.tokens} tokens, max_depth {args.max_depth}: {index.num_nodes} nodes")
+    print(
+        f"{args.tokens} tokens, max_depth {args.max_depth}: {index.num_nodes} nodes, "
+        f"{memory_bytes(tokens, args.max_depth) / 2**20:.1f} MiB"
+    )
     print(f"the hit drafts {len(hit.tokens)} tokens on a {hit.match_len}-token match (score {hit.score:.2f})")
     print(f"medians over {args.reps} calls ({add_reps} for add)\n")
     print("| operation | us |")
@@ -108,6 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, us in rows:
         print(f"| {name} | {us:,.1f} |")
     return 0
+
+
+def memory_bytes(tokens: list[int], max_depth: int) -> int:
+    """What an index of these tokens holds (tracemalloc's peak while building it, minus the start)."""
+    tracemalloc.start()
+    index = SuffixIndex(max_depth)
+    index.add(tokens)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak
 
 
 def server_rows(args, stream: list[int]) -> list[tuple[str, float]]:

@@ -10,7 +10,10 @@
 session's acceptance estimate for model drafts, drafter.sessions.draft_length). A suffix draft carries the
 index's own estimate of each token's chance (the product of count ratios up to it); a session's suffix
 drafts may fare better or worse than those counts say, so they are scaled by how its past suffix drafts did
-(`SuffixTrack`: decayed accepted suffix tokens over the counts' expectation). The suffix draft then leads
+(`SuffixTrack`: decayed matched suffix tokens over the counts' expectation). Every suffix lookup is judged
+by the next call, sent or not: the tokens the target went on with are the truth it would have been checked
+against (`hindsight`), so a session whose suffix drafts stopped leading still learns when they would be
+right again. The suffix draft then leads
 when its scaled expectation, plus the model's continuation weighted by the chance of reaching it, is at
 least the model's alone; ties go to the suffix, which costs no decode steps.
 
@@ -42,6 +45,14 @@ class SuffixTrack:
 
     def updated(self, expected: float, accepted: int) -> SuffixTrack:
         return SuffixTrack(DECAY * self.accepted + accepted, DECAY * self.expected + expected)
+
+
+def hindsight(draft: SuffixDraft, truth: list[int]) -> tuple[float, int]:
+    """What the index's counts expected of `draft` over the positions `truth` (the tokens the target kept
+    after the context it was drafted for) can check, and how many of them it got right."""
+    checked = min(len(draft.tokens), len(truth))
+    matched = next((i for i in range(checked) if draft.tokens[i] != truth[i]), checked)
+    return sum(draft.probs[:checked]), matched
 
 
 def model_expected(p: float, k: int) -> float:

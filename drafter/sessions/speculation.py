@@ -25,6 +25,7 @@ from drafter.sessions.draft_source import (
     MODEL,
     SUFFIX,
     SuffixTrack,
+    hindsight,
     suffix_leads,
 )
 from drafter.sessions.suffix_drafts import NO_DRAFT, SuffixDrafts
@@ -57,6 +58,8 @@ class Call:
     suffix_track: SuffixTrack = SuffixTrack()  # how the session's suffix drafts fared, after this feedback
     wanted: str = MODEL  # the source the call asked for (or the server's default)
     head: SuffixDraft = NO_DRAFT  # the suffix index's draft that leads this one (maybe all of it)
+    lookup: SuffixDraft = NO_DRAFT  # what the suffix lookup found, sent or not
+    hindsight: tuple[float, int] | None = None  # the session's last lookup judged (expected, matched)
     lookup_ms: float = 0.0  # the suffix lookup, for Server-Timing
     settled: bool = False  # finished or abandoned: a v2 call lets go of its session exactly once
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
@@ -126,24 +129,32 @@ class Speculation:
         num_previous = 0 if session is None else len(session.drafts)
         acceptance = self.acceptance if session is None else session.acceptance
         track = self.suffix_track if session is None else session.suffix_track
+        judged = None
         if accepted is not None:
-            acceptance, track = self.feedback(session, accepted, acceptance, track)
+            acceptance = self.model_feedback(session, accepted, acceptance)
+            if session.suffix_draft is not None and session.suffix_draft.tokens:
+                # The tokens after the last context: what the last suffix draft is checked against.
+                truth = context[session.context_len : session.context_len + len(session.suffix_draft.tokens)]
+                judged = hindsight(session.suffix_draft, truth.tolist())
+                track = track.updated(*judged)
         room = self.max_seq_len - len(context)
         k = params.num_draft_tokens
         source = params.source or self.default_source
         call = Call(params, context, session, accepted, num_previous, acceptance, 0, track, source)
+        call.hindsight = judged
         # A suffix draft costs no decode steps: under "auto" it may run to the server's maximum.
         max_suffix = min(self.max_draft_tokens, room) if k == AUTO else k
         if source == SUFFIX:
-            call.head, call.lookup_ms = self.look_up(params, context, max_suffix)
+            call.lookup, call.lookup_ms = self.look_up(params, context, max_suffix)
+            call.head = call.lookup
             return call
         call.num_draft_tokens = self.policy.choose(acceptance, load, room=room) if k == AUTO else k
         if source == HYBRID:
-            head, call.lookup_ms = self.look_up(params, context, max_suffix)
-            if suffix_leads(head, track, acceptance.p, call.num_draft_tokens, self.suffix_min_score):
-                call.head = head
-                left = max(0, call.num_draft_tokens - len(head.tokens))
-                call.num_draft_tokens = min(left, room - len(head.tokens))
+            call.lookup, call.lookup_ms = self.look_up(params, context, max_suffix)
+            if suffix_leads(call.lookup, track, acceptance.p, call.num_draft_tokens, self.suffix_min_score):
+                call.head = call.lookup
+                left = max(0, call.num_draft_tokens - len(call.head.tokens))
+                call.num_draft_tokens = min(left, room - len(call.head.tokens))
         return call
 
     def look_up(self, params: DraftParams, context, max_tokens: int) -> tuple[SuffixDraft, float]:
@@ -154,18 +165,13 @@ class Speculation:
         head = self.suffix.lookup(params.session, np.asarray(context), max_tokens, trusted)
         return head, (time.perf_counter() - started) * 1e3
 
-    def feedback(
-        self, session: Session, accepted: int, acceptance: Acceptance, track: SuffixTrack
-    ) -> tuple[Acceptance, SuffixTrack]:
-        """The estimates after the target kept `accepted` of the session's last drafts: the suffix head's
-        share goes to the suffix track, the model's (verified only if the whole head was kept) to its
-        acceptance."""
+    def model_feedback(self, session: Session, accepted: int, acceptance: Acceptance) -> Acceptance:
+        """The model's estimate after the target kept `accepted` of the session's last drafts: the model's
+        part was verified only if the whole suffix head before it was kept."""
         head_len, num_model = session.head_len, len(session.drafts) - session.head_len
-        if head_len:
-            track = track.updated(session.head_expected, min(accepted, head_len))
         if num_model and accepted >= head_len:
-            acceptance = acceptance.updated(num_model, accepted - head_len)
-        return acceptance, track
+            return acceptance.updated(num_model, accepted - head_len)
+        return acceptance
 
     def finish(self, call: Call, drafts: list[int]) -> dict:
         """Store the session, note its context for the suffix index and count the feedback; the answer's
@@ -183,9 +189,7 @@ class Speculation:
         self.metrics.answers_by_source.labels(call.source).inc()
         if call.accepted is not None:
             fields["accepted"] = call.accepted
-            self.record(
-                call.num_previous_drafts, call.accepted, call.session.head_len, call.session.head_expected
-            )
+            self.record(call.num_previous_drafts, call.accepted, call.session.head_len, call.hindsight)
         if params.session is not None:
             token = self.sessions.commit(
                 params.session,
@@ -196,7 +200,7 @@ class Speculation:
                 call.acceptance,
                 call.suffix_track,
                 head_len,
-                sum(call.head.probs[:head_len]),
+                call.lookup,
             )
             fields["session_token"] = token
             if params.close:
@@ -212,10 +216,12 @@ class Speculation:
         call.settled = True
 
     def record(
-        self, num_drafted: int, num_accepted: int, head_len: int = 0, head_expected: float = 0.0
+        self, num_drafted: int, num_accepted: int, head_len: int = 0, judged: tuple[float, int] | None = None
     ) -> None:
-        """Count a verified draft of `num_drafted` tokens (the first `head_len` from the suffix index, whose
-        counts expected `head_expected` of them kept) of which the target kept `num_accepted`."""
+        """Count a verified draft of `num_drafted` tokens (the first `head_len` from the suffix index) of which
+        the target kept `num_accepted`; `judged`: the session's last suffix lookup in hindsight."""
+        if judged is not None:
+            self.suffix_track = self.suffix_track.updated(*judged)
         if num_drafted == 0:  # nothing was proposed, so nothing was verified
             return
         metrics = self.metrics
@@ -243,8 +249,6 @@ class Speculation:
             counter.inc()
         if num_drafted > head_len and num_accepted >= head_len:
             self.acceptance = self.acceptance.updated(num_drafted - head_len, num_accepted - head_len)
-        if head_len:
-            self.suffix_track = self.suffix_track.updated(head_expected, min(num_accepted, head_len))
 
     def describe(self) -> dict:
         drafted = self.drafted_per_pos

@@ -13,6 +13,12 @@ each by always taking the most frequent next token while the running probability
 ratios) stays above `min_token_prob`, and keeps the draft with the highest expected number of accepted
 tokens (the sum of its probabilities), preferring longer matches on a tie.
 
+How it is stored: flat, in `array`s indexed by node id and one dict from (node, token) to child, all of
+ints. A node per object would make the index millions of objects the cyclic garbage collector must walk:
+at the server's default caps a full collection (which Python runs every time a quarter more objects have
+survived) stalled the whole event loop for hundreds of milliseconds. Arrays of ints and a dict of ints are
+invisible to the collector.
+
 Where it stops: one draft chain, not arctic-inference's tree of drafts; no eviction policy (the caller
 decides what to `remove`); no per-request prompt trie beside the global one; not thread-safe. Pure Python,
 standard library only.
@@ -21,52 +27,15 @@ standard library only.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-NO_CHILDREN: dict = {}  # shared by every childless node, never written: most nodes are leaves, and a dict
-# apiece would double the index's memory and the garbage collector's work
-
-
-class _Node:
-    """One substring: how often it occurs, the token that ends it, its length (`depth`), its one-token
-    extensions (`children`), and the most frequent of them (`best`: max count, then smallest token id),
-    kept current so a draft step is one attribute read."""
-
-    __slots__ = ("count", "token", "depth", "children", "best")
-
-    def __init__(self, token: int, depth: int) -> None:
-        self.count = 0
-        self.token = token
-        self.depth = depth
-        self.children: dict[int, _Node] = NO_CHILDREN
-        self.best: _Node | None = None
-
-
-def _beats(child: _Node, best: _Node | None) -> bool:
-    """Whether `child` should be its parent's best child instead of `best`."""
-    return (
-        best is None or child.count > best.count or (child.count == best.count and child.token < best.token)
-    )
-
-
-def _best_child(node: _Node) -> _Node | None:
-    best = None
-    for child in node.children.values():
-        if _beats(child, best):
-            best = child
-    return best
-
-
-class _Sequence:
-    """A stored sequence: its tokens and its active nodes, the trie nodes of its suffixes shorter than
-    `max_depth` (the root first, then by increasing depth): the ones the next token extends."""
-
-    __slots__ = ("tokens", "active")
-
-    def __init__(self, root: _Node) -> None:
-        self.tokens: list[int] = []
-        self.active: list[_Node] = [root]
+ROOT, NONE = 0, -1  # node ids: the root (the empty substring), and "no node"
+STRIDE = 1 << 32  # a child's key: parent * STRIDE + token (token ids are below 2**32)
+MAX_DEPTH = 127  # depths are stored as signed bytes
+SHARDS = 256  # child dicts, by the parent's id (see SuffixIndex.__init__)
+SHARD_MASK = SHARDS - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,32 +50,44 @@ class SuffixDraft:
     match_len: int
 
 
+class _Sequence:
+    """A stored sequence: its tokens and its active nodes, the trie nodes of its suffixes shorter than
+    `max_depth` (the root first, then by increasing depth): the ones the next token extends."""
+
+    __slots__ = ("tokens", "active")
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.active: list[int] = [ROOT]
+
+
 class _Chain:
     """The greedy walk from one node, grown on demand: while consecutive match lengths have the same count
     their subtrees hold the same counts (see `speculate`), so they share one chain."""
 
     __slots__ = ("node", "tokens", "probs", "p", "done")
 
-    def __init__(self, node: _Node) -> None:
+    def __init__(self, node: int) -> None:
         self.node = node  # where the walk goes on from
         self.tokens: list[int] = []
         self.probs: list[float] = []
         self.p = 1.0
         self.done = False  # stopped for good: no children, or below min_token_prob
 
-    def grow_to(self, length: int, min_token_prob: float) -> None:
+    def grow_to(self, index: SuffixIndex, length: int, min_token_prob: float) -> None:
+        best, count, token_of = index._best, index._count, index._token
         node, tokens, probs, p = self.node, self.tokens, self.probs, self.p
         while len(tokens) < length:
-            child = node.best
-            if child is None:
+            child = best[node]
+            if child == NONE:
                 self.done = True
                 break
-            step_p = p * (child.count / node.count)
+            step_p = p * (count[child] / count[node])
             if step_p < min_token_prob:
                 self.done = True
                 break
             p = step_p
-            tokens.append(child.token)
+            tokens.append(token_of[child])
             probs.append(p)
             node = child
         self.node, self.p = node, p
@@ -116,14 +97,31 @@ class SuffixIndex:
     """Suffix trie over several token sequences, each named by the int id `add` hands out."""
 
     def __init__(self, max_depth: int = 24) -> None:
-        if max_depth < 1:
-            raise ValueError(f"max_depth must be at least 1, got {max_depth}")
+        if not 1 <= max_depth <= MAX_DEPTH:
+            raise ValueError(f"max_depth must be in [1, {MAX_DEPTH}], got {max_depth}")
         self._max_depth = max_depth
-        self._root = _Node(-1, 0)
+        # Per node id (the root is 0): occurrences, the token that ends it, its length, its most frequent
+        # child (max count, then smallest token id; NONE if childless), and its children as a linked list
+        # (first child, next and previous sibling), walked only to elect a new best child after a removal.
+        self._count = array("q", [0])
+        self._token = array("q", [NONE])
+        self._depth = array("b", [0])
+        self._best = array("q", [NONE])
+        self._first = array("q", [NONE])
+        self._next = array("q", [NONE])
+        self._prev = array("q", [NONE])
+        # Suffix link: the node of this node's substring without its first token (always stored, and counted
+        # at least as often: every occurrence of a substring is one of its suffix's). It lets a lookup find
+        # the nodes of all the context's tails in one pass instead of one walk from the root per tail.
+        self._link = array("q", [NONE])
+        # parent * STRIDE + token -> child, in SHARDS dicts by the parent's id: Python grows a dict by copying
+        # all of it at once, which at a million nodes would hold the event loop for tens of milliseconds.
+        self._child: list[dict[int, int]] = [{} for _ in range(SHARDS)]
+        self._num_nodes = 0
+        self._free = array("q")  # ids of removed nodes, reused first
         self._sequences: dict[int, _Sequence] = {}
         self._next_id = 0
         self._num_tokens = 0
-        self._num_nodes = 0
 
     @property
     def max_depth(self) -> int:
@@ -151,7 +149,7 @@ class SuffixIndex:
     def add(self, tokens: Iterable[int] = ()) -> int:
         seq_id = self._next_id
         self._next_id += 1
-        self._sequences[seq_id] = _Sequence(self._root)
+        self._sequences[seq_id] = _Sequence()
         self.extend(seq_id, tokens)
         return seq_id
 
@@ -181,7 +179,7 @@ class SuffixIndex:
         if not 1 <= len(pattern) <= self._max_depth:
             raise ValueError(f"patterns have 1 to max_depth={self._max_depth} tokens, got {len(pattern)}")
         node = self._find(pattern, 0)
-        return 0 if node is None else node.count
+        return 0 if node == NONE else self._count[node]
 
     def speculate(
         self,
@@ -198,40 +196,52 @@ class SuffixIndex:
         """
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be at least 0, got {max_tokens}")
-        max_depth, end = self._max_depth, len(context)
+        max_depth, count = self._max_depth, self._count
         # The best so far is kept as (score, match length, chain, its length); one SuffixDraft is built at the end.
         best_score, best_match_len, best_chain, best_length = 0.0, 0, None, 0
         chain: _Chain | None = None
         previous_count = 0
-        # A match of max_depth tokens has no children to draft from.
-        for match_len in range(1, min(end, max_depth - 1) + 1):
-            node = self._find(context, end - match_len)
-            if node is None:
-                break  # every longer tail contains this one, so none of them occurs either
+        # A match of max_depth tokens has no children to draft from; every tail shorter than the longest that
+        # occurs occurs too (the stored substrings are closed under suffixes).
+        for match_len, node in enumerate(self._tail_nodes(context), start=1):
             # Same count as the match one token shorter: every occurrence of that shorter tail is preceded by
             # this tail's first token, so both subtrees hold the same counts down to this one's depth limit,
             # and the greedy walk from here is the same walk (up to `limit`, which respects that limit). By
             # induction this holds back to the match the chain started from, so the chain is shared.
-            if chain is None or node.count != previous_count:
+            if chain is None or count[node] != previous_count:
                 chain = _Chain(node)
-            previous_count = node.count
+            previous_count = count[node]
             limit = min(
                 max_tokens, math.floor(max_spec_factor * match_len + max_spec_offset), max_depth - match_len
             )
             if limit <= 0:
                 continue
             if not chain.done and len(chain.tokens) < limit:
-                chain.grow_to(limit, min_token_prob)
+                chain.grow_to(self, limit, min_token_prob)
             if not chain.tokens:
                 continue
             score = sum(chain.probs[:limit])
             if score >= best_score:  # ties go to the longer match
                 best_score, best_match_len, best_chain = score, match_len, chain
                 best_length = min(limit, len(chain.tokens))  # the chain may grow later, for longer matches
+            if best_score > min(max_tokens, max_depth - match_len - 1):
+                break  # no longer match may draft as many tokens as this score, so none can beat or tie it
         if best_chain is None:
             return SuffixDraft([], [], 0.0, 0)
         tokens, probs = best_chain.tokens[:best_length], best_chain.probs[:best_length]
         return SuffixDraft(tokens, probs, best_score, best_match_len)
+
+    def best_possible_score(
+        self, context_len: int, max_tokens: int, max_spec_factor: float = 1.0, max_spec_offset: float = 0.0
+    ) -> int:
+        """The most any draft for a context of this length could score (each token counts at most 1)."""
+        return max(
+            (
+                min(max_tokens, math.floor(max_spec_factor * m + max_spec_offset), self._max_depth - m)
+                for m in range(1, min(context_len, self._max_depth - 1) + 1)
+            ),
+            default=0,
+        )
 
     def _get(self, seq_id: int) -> _Sequence:
         try:
@@ -239,63 +249,152 @@ class SuffixIndex:
         except KeyError:
             raise KeyError(f"no sequence with id {seq_id}") from None
 
-    def _find(self, tokens: Sequence[int], start: int) -> _Node | None:
-        """The node of tokens[start:], or None where it does not occur."""
-        node = self._root
+    def _tail_nodes(self, context: Sequence[int]) -> list[int]:
+        """The nodes of the context's tails that occur, shortest first, up to max_depth - 1 tokens: the
+        longest is found in one pass (as a suffix automaton matches text: on a miss, drop the match's first
+        token through the suffix link and try again), the shorter ones by following links from it."""
+        child_of, link, depth = self._child, self._link, self._depth
+        longest = self._max_depth - 1
+        if not context or longest < 1 or child_of[ROOT].get(ROOT * STRIDE + context[-1], NONE) == NONE:
+            return []  # the last token never occurred: no tail does (the common miss, answered at once)
+        node = ROOT
+        for token in context[max(0, len(context) - longest) :]:
+            if depth[node] == longest:  # the match may not grow past max_depth - 1: drop its first token
+                node = link[node]
+            while True:
+                found = child_of[node & SHARD_MASK].get(node * STRIDE + token, NONE)
+                if found != NONE:
+                    node = found
+                    break
+                if node == ROOT:
+                    break
+                node = link[node]
+        nodes = []
+        while node != ROOT:
+            nodes.append(node)
+            node = link[node]
+        nodes.reverse()
+        return nodes
+
+    def _find(self, tokens: Sequence[int], start: int) -> int:
+        """The node of tokens[start:], or NONE where it does not occur."""
+        node, child = ROOT, self._child
         for token in tokens[start:]:
-            node = node.children.get(token)
-            if node is None:
-                return None
+            node = child[node & SHARD_MASK].get(node * STRIDE + token, NONE)
+            if node == NONE:
+                return NONE
         return node
 
     def _append(self, seq: _Sequence, token: int) -> None:
         """Count the occurrences that end at the new token: one per active node, extended by it."""
-        max_depth = self._max_depth
-        active = [self._root]
-        for node in seq.active:
-            child = node.children.get(token)
-            if child is None:
-                if node.children is NO_CHILDREN:
-                    node.children = {}
-                child = node.children[token] = _Node(token, node.depth + 1)
-                self._num_nodes += 1
-            child.count += 1
-            if _beats(child, node.best):  # only this child grew, so it is the only possible new best
-                node.best = child
-            if child.depth < max_depth:  # a node at max_depth has no children to step into
+        max_depth, child_of, count, best, token_of = (
+            self._max_depth,
+            self._child,
+            self._count,
+            self._best,
+            self._token,
+        )
+        active = [ROOT]
+        shorter = ROOT  # the child just counted for the active node one token shorter: the new child's link
+        # Active nodes come by depth from the root's 0, so the one at position i has children of depth i + 1.
+        for child_depth, node in enumerate(seq.active, start=1):
+            child = child_of[node & SHARD_MASK].get(node * STRIDE + token, NONE)
+            if child == NONE:
+                child = self._new_node(node, token, shorter)
+            shorter = child
+            grown = count[child] + 1
+            count[child] = grown
+            # Only this child grew, so it is the only possible new best.
+            leader = best[node]
+            if leader != child and (
+                leader == NONE
+                or grown > count[leader]
+                or (grown == count[leader] and token < token_of[leader])
+            ):
+                best[node] = child
+            if child_depth < max_depth:  # a node at max_depth has no children to step into
                 active.append(child)
         seq.active = active
         seq.tokens.append(token)
         self._num_tokens += 1
 
+    def _new_node(self, parent: int, token: int, link: int) -> int:
+        depth = self._depth[parent] + 1
+        if self._free:
+            node = self._free.pop()
+            self._count[node], self._token[node], self._depth[node] = 0, token, depth
+            self._best[node] = self._first[node] = NONE
+            self._link[node] = link
+        else:
+            node = len(self._count)
+            self._count.append(0)
+            self._token.append(token)
+            self._depth.append(depth)
+            self._best.append(NONE)
+            self._first.append(NONE)
+            self._next.append(NONE)
+            self._prev.append(NONE)
+            self._link.append(link)
+        following = self._first[parent]  # becomes the parent's first child
+        self._next[node], self._prev[node] = following, NONE
+        if following != NONE:
+            self._prev[following] = node
+        self._first[parent] = node
+        self._child[parent & SHARD_MASK][parent * STRIDE + token] = node
+        self._num_nodes += 1
+        return node
+
     def _uncount(self, tokens: list[int], keep: int) -> None:
         """Take back every occurrence in `tokens` that ends at position `keep` or later."""
-        max_depth, root = self._max_depth, self._root
+        max_depth, child_of = self._max_depth, self._child
         for start in range(max(0, keep - max_depth + 1), len(tokens)):
-            path = [root]
+            path = [ROOT]
             for token in tokens[start : start + max_depth]:
-                path.append(path[-1].children[token])
+                parent = path[-1]
+                path.append(child_of[parent & SHARD_MASK][parent * STRIDE + token])
             # Deepest first: a node's count never drops below a child's, so a node that reaches 0 here has
             # no counted children left and can go with its whole (empty) subtree.
             for depth in range(len(path) - 1, max(1, keep - start + 1) - 1, -1):
                 self._decrement(path[depth - 1], path[depth])
 
-    def _decrement(self, parent: _Node, node: _Node) -> None:
-        node.count -= 1
-        if node.count == 0:
-            del parent.children[node.token]
-            if not parent.children:
-                parent.children = NO_CHILDREN
-            self._num_nodes -= 1
-        if parent.best is node:  # the best child shrank: another may now lead, so look at all of them
-            parent.best = _best_child(parent)
+    def _decrement(self, parent: int, node: int) -> None:
+        self._count[node] -= 1
+        if self._count[node] == 0:
+            self._unlink(parent, node)
+        if self._best[parent] == node:  # the best child shrank or went: another may now lead
+            self._best[parent] = self._best_child(parent)
 
-    def _suffix_nodes(self, tokens: list[int]) -> list[_Node]:
+    def _unlink(self, parent: int, node: int) -> None:
+        del self._child[parent & SHARD_MASK][parent * STRIDE + self._token[node]]
+        self._num_nodes -= 1
+        before, after = self._prev[node], self._next[node]
+        if before == NONE:
+            self._first[parent] = after
+        else:
+            self._next[before] = after
+        if after != NONE:
+            self._prev[after] = before
+        self._free.append(node)
+
+    def _best_child(self, parent: int) -> int:
+        count, token_of, best = self._count, self._token, NONE
+        child = self._first[parent]
+        while child != NONE:
+            if (
+                best == NONE
+                or count[child] > count[best]
+                or (count[child] == count[best] and token_of[child] < token_of[best])
+            ):
+                best = child
+            child = self._next[child]
+        return best
+
+    def _suffix_nodes(self, tokens: list[int]) -> list[int]:
         """The active nodes of a sequence of these tokens: its suffixes shorter than max_depth, by depth."""
-        active = [self._root]
+        active = [ROOT]
         end = len(tokens)
         for depth in range(1, min(end, self._max_depth - 1) + 1):
             node = self._find(tokens, end - depth)
-            assert node is not None, "a stored sequence's suffix is always counted"
+            assert node != NONE, "a stored sequence's suffix is always counted"
             active.append(node)
         return active

@@ -30,6 +30,7 @@ import numpy as np
 
 from drafter.sessions.draft_length import Acceptance
 from drafter.sessions.draft_source import SuffixTrack
+from drafter.sessions.suffix_index import SuffixDraft
 
 NEW_TRACK = SuffixTrack()  # frozen: one shared default
 MIN_CAPACITY = 1024  # ids; a buffer grows by doubling, so a conversation copies O(log length) times
@@ -51,7 +52,7 @@ class Session:
     in_flight: int = 0  # v2 calls drafting from this session now
     suffix_track: SuffixTrack = SuffixTrack()  # how its suffix drafts fared (drafter.sessions.draft_source)
     head_len: int = 0  # of `drafts`, how many came from the suffix index (the first ones)
-    head_expected: float = 0.0  # what the index's counts expected of those
+    suffix_draft: SuffixDraft | None = None  # the last call's suffix lookup, sent or not, judged by the next
 
     @property
     def context(self) -> np.ndarray:
@@ -151,7 +152,7 @@ class SessionTable:
         acceptance: Acceptance,
         suffix_track: SuffixTrack = NEW_TRACK,
         head_len: int = 0,
-        head_expected: float = 0.0,
+        suffix_draft: SuffixDraft | None = None,
     ) -> str:
         """Store a finished call: its context (a view of a session buffer, from `extend` or `full_context`)
         and drafts become the sequence. A full-context call (rebuild) makes a fresh token; a v2 call keeps
@@ -165,7 +166,7 @@ class SessionTable:
             if self.sessions.get(name) is read:
                 read.buffer, read.context_len, read.drafts = context.base, len(context), draft_array
                 read.acceptance, read.touched = acceptance, now
-                read.suffix_track, read.head_len, read.head_expected = suffix_track, head_len, head_expected
+                read.suffix_track, read.head_len, read.suffix_draft = suffix_track, head_len, suffix_draft
                 self.sessions.move_to_end(name)
             return read.token
         self.sessions.pop(name, None)
@@ -180,7 +181,7 @@ class SessionTable:
             now,
             suffix_track=suffix_track,
             head_len=head_len,
-            head_expected=head_expected,
+            suffix_draft=suffix_draft,
         )
         while len(self.sessions) > self.max_sessions:
             evicted, _ = self.sessions.popitem(last=False)

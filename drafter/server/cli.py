@@ -89,7 +89,7 @@ OPTIONS: dict[str, tuple] = {
     ),
     "suffix-tokens": (
         int,
-        "tokens all sessions' suffix indexes hold together (~4 KB each); the least recently used "
+        "tokens all sessions' suffix indexes hold together (~2.3 KB each); the least recently used "
         "session's index goes first; 0 turns suffix drafting off [262144]",
     ),
     "suffix-min-score": (

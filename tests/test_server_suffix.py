@@ -16,10 +16,9 @@ from drafter.client import DraftClient
 from drafter.server.errors import ApiError
 from drafter.server.validation import Limits, parse_draft_fields
 from drafter.sessions.suffix_drafts import SuffixRules
-from drafter.sessions.suffix_index import SuffixDraft
 from tests.oracle import hf_greedy
 from tests.server_process import ServerProcess, metric_value
-from tests.test_suffix_index import reference_counts, reference_speculate
+from tests.test_suffix_drafts import reference
 
 RULES = SuffixRules()  # the server's
 
@@ -34,19 +33,6 @@ def served(hf_checkpoint):
         yield model, server.wait_ready()
     finally:
         server.close()
-
-
-def reference(local: list[int], responses: list[list[int]], context: list[int], k: int) -> SuffixDraft:
-    args = (context, k, RULES.max_spec_factor, RULES.max_spec_offset, RULES.min_token_prob)
-    best = SuffixDraft([], [], 0.0, 0)
-    if local:
-        best = reference_speculate(reference_counts([local], RULES.max_depth), RULES.max_depth, *args)
-    responses = [r for r in responses if r]
-    if responses:
-        found = reference_speculate(reference_counts(responses, RULES.max_depth), RULES.max_depth, *args)
-        if found.score > best.score:
-            best = found
-    return best
 
 
 def indexed(client: DraftClient) -> dict:
@@ -83,7 +69,7 @@ def test_suffix_drafts_equal_the_reference_through_growth_rollback_and_sharing(s
                 indexed(client)
                 answer = session.draft(context, k, source="suffix")
                 others = [tokens for other, tokens in responses.items() if other != name]
-                expected = reference(previous, [previous[prompt_len:], *others], context, k)
+                expected = reference(previous, [previous[prompt_len:], *others], context, RULES, k)
                 assert answer.tokens == expected.tokens, (name, call)
                 assert answer.source == "suffix" and answer.suffix_tokens == len(answer.tokens)
                 if call == 0:

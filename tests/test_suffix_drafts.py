@@ -18,15 +18,22 @@ RULES = SuffixRules(max_depth=8, max_spec_factor=2.0, max_spec_offset=1.0, min_t
 MAX_TOKENS = 6
 
 
-def reference(local: list[int] | None, responses: list[list[int]], context: list[int]) -> SuffixDraft:
+def reference(
+    local: list[int] | None,
+    responses: list[list[int]],
+    context: list[int],
+    rules: SuffixRules = RULES,
+    max_tokens: int = MAX_TOKENS,
+) -> SuffixDraft:
     """The best draft of the session's own context (if it may be read) and the global responses; the
     local one wins a tie, as the store's lookup does."""
-    args = (context, MAX_TOKENS, RULES.max_spec_factor, RULES.max_spec_offset, RULES.min_token_prob)
+    args = (context, max_tokens, rules.max_spec_factor, rules.max_spec_offset, rules.min_token_prob)
     best = SuffixDraft([], [], 0.0, 0)
     if local:
-        best = reference_speculate(reference_counts([local], RULES.max_depth), RULES.max_depth, *args)
+        best = reference_speculate(reference_counts([local], rules.max_depth), rules.max_depth, *args)
+    responses = [tokens for tokens in responses if tokens]
     if responses:
-        found = reference_speculate(reference_counts(responses, RULES.max_depth), RULES.max_depth, *args)
+        found = reference_speculate(reference_counts(responses, rules.max_depth), rules.max_depth, *args)
         if found.score > best.score:
             best = found
     return best

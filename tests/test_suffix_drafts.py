@@ -169,6 +169,27 @@ def test_indexing_runs_in_slices_and_a_lookup_meanwhile_sees_a_prefix():
     assert slices >= 10 and store.pending_tokens == 0
 
 
+def test_a_long_rollback_restarts_the_session_index_and_leaves_the_old_response():
+    """Undoing hundreds of tokens in place would hold up the call; the index starts again instead."""
+    rng = random.Random(19)
+    store = SuffixDrafts(RULES, local_tokens=10_000, global_tokens=10_000)
+    first = random_tokens(rng, 50)
+    answered = first + random_tokens(rng, 350)
+    store.update("a", array(first))
+    store.update("a", array(answered))
+    settle(store)
+    regenerated = answered[:60] + random_tokens(rng, 40)
+    store.update("a", array(regenerated))
+    assert store.num_local == 0 and store.conversations["a"].indexed == 0  # nothing undone on the call's path
+    settle(store)
+    assert store.conversations["a"].local.sequence(0) == regenerated
+    old_response, new_response = answered[50:], regenerated[60:]
+    assert sorted(map(store.global_index.sequence, store.global_index.ids())) == sorted(
+        [old_response, new_response]
+    )
+    assert_lookups(store, "a", regenerated, [old_response, new_response], rng)
+
+
 def test_updates_coalesce_and_undo_only_what_changed():
     store = SuffixDrafts(RULES, local_tokens=1000, global_tokens=1000)
     store.update("a", array([1, 2, 3, 4]))

@@ -35,6 +35,7 @@ from drafter.sessions.suffix_index import SuffixDraft, SuffixIndex
 
 NO_DRAFT = SuffixDraft([], [], 0.0, 0)
 CHUNK = 8  # tokens indexed between two looks at the clock (~0.15 ms)
+MAX_UNDO = 256  # tokens a rollback undoes in place (~5 ms); past that the session's index starts again
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,8 @@ class _Conversation:
         self.local.add()
         self.target = target
         self.indexed = 0  # target[:indexed] is in the local index
-        self.prompt_len = len(target)  # the first context: never in the global index
+        self.prompt_len = len(target)  # where its response (what the global index holds) starts: the first
+        # context's end, or where a long rollback restarted the index
         self.global_seq: int | None = None  # its response's sequence in the global index, once it has one
 
 
@@ -128,8 +130,8 @@ class SuffixDrafts:
             conversation = self.conversations[session] = _Conversation(self.rules.max_depth, context)
         else:
             self.conversations.move_to_end(session)
-            # What the index holds of the old context and the new one shares stays; the rest is undone now
-            # (cheap: only what differs), so the index never holds tokens outside the session's context.
+            # What the index holds of the old context and the new one shares stays; the rest is undone now,
+            # so the index never holds tokens outside the session's context (see `_truncate` for the cost).
             # Two views of one session buffer share their common length (a buffer's head is never rewritten).
             if context.base is not None and context.base is conversation.target.base:
                 keep = min(conversation.indexed, len(context))
@@ -193,7 +195,21 @@ class SuffixDrafts:
             self._enforce_global_cap()
 
     def _truncate(self, conversation: _Conversation, keep: int) -> None:
+        """Forget what the index holds past `keep`. Undoing a token costs about what indexing it did, and this
+        runs on the call's path: past MAX_UNDO tokens (a regenerated answer, a session rebuilt with other
+        text) the local index starts again empty instead, to be filled later in slices, and the response
+        stays in the global index as it was, a past conversation's, until it is evicted."""
         if keep >= conversation.indexed:
+            return
+        if conversation.indexed - keep > MAX_UNDO:
+            self.num_local -= conversation.indexed
+            conversation.local = SuffixIndex(self.rules.max_depth)
+            conversation.local.add()
+            conversation.indexed = 0
+            if conversation.global_seq is not None:
+                self.global_owner[conversation.global_seq] = None  # its later tokens go to a new sequence
+                conversation.global_seq = None
+            conversation.prompt_len = max(conversation.prompt_len, keep)  # the old response keeps up to keep
             return
         conversation.local.truncate(0, keep)
         self.num_local -= conversation.indexed - keep

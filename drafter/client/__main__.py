@@ -50,6 +50,11 @@ def parse_args(argv):
     parser.add_argument("--prompt-tokens", type=token_id, nargs="+", help="the prompt's token ids")
     parser.add_argument("--max-new-tokens", type=positive, default=64)
     parser.add_argument("--num-draft-tokens", type=positive, default=8)
+    parser.add_argument(
+        "--source",
+        choices=("model", "suffix", "hybrid"),
+        help="where drafts come from [the server's default]",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), help="[cuda if available]")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="[bfloat16 on CUDA, float32 on CPU]")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="per draft call [5]")
@@ -100,7 +105,10 @@ def run(args, client: DraftClient) -> bool:
     common = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=args.max_new_tokens)
     stats = SpeculationStats(args.num_draft_tokens)
     speculative = dict(
-        custom_generate=speculative_decoding, draft_client=client, num_draft_tokens=stats.num_draft_tokens
+        custom_generate=speculative_decoding,
+        draft_client=client,
+        num_draft_tokens=stats.num_draft_tokens,
+        draft_source=args.source,
     )
     model.generate(ids, **{**common, "max_new_tokens": 2})  # warm-up, untimed, of both paths
     model.generate(ids, **{**common, "max_new_tokens": 2}, **speculative)

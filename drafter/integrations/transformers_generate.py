@@ -49,9 +49,8 @@ class SpeculationStats:
     draft_engine_ms: list[float] = field(default_factory=list)  # per call, the server's engine time in it
     verify_ms: list[float] = field(default_factory=list)  # per round, the target's forward pass and choice
     round_log: list[tuple[int, int, bool]] = field(default_factory=list)  # per round: drafts, kept, called
-    suffix_log: list[int] = field(
-        default_factory=list
-    )  # per round: of its drafts, those the suffix index made
+    # per round: of its drafts, how many (the first ones) the server's suffix index made
+    suffix_log: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         check_num_draft_tokens(self.num_draft_tokens)
@@ -190,7 +189,6 @@ def draft(
     if "engine" in answer.server_timing_ms:
         stats.draft_engine_ms.append(answer.server_timing_ms["engine"])
     drafts = answer.tokens[: room if k == AUTO else k]  # never trust a server to respect k
-
     if drafts and not 0 <= min(drafts) <= max(drafts) < vocab_size:
         raise ValueError(f"the drafter sent token ids outside the target's vocabulary [0, {vocab_size})")
     return drafts, min(getattr(answer, "suffix_tokens", 0), len(drafts))

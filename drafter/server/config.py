@@ -55,9 +55,7 @@ class ServerConfig:
     max_sessions: int = 1024  # sessions held (each up to max_seq_len int64 ids); least recently used go first
     session_ttl_s: float = 600.0  # a session idle this long is dropped
     draft_source: str | None = None  # a request's source when it names none [hybrid; model if suffix is off]
-    suffix_tokens: int = (
-        262144  # tokens all sessions' suffix indexes hold together (~2.3 KB each); 0: no suffix drafts
-    )
+    suffix_tokens: int = 262144  # tokens all sessions' suffix indexes hold together; 0: no suffix drafts
     suffix_global_tokens: int = 65536  # tokens of recent responses in the shared suffix index; 0: none
     suffix_min_score: float = 0.0  # a hybrid draft starts with the suffix's only if its score reaches this
 

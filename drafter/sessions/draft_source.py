@@ -13,9 +13,9 @@ drafts may fare better or worse than those counts say, so they are scaled by how
 (`SuffixTrack`: decayed matched suffix tokens over the counts' expectation). Every suffix lookup is judged
 by the next call, sent or not: the tokens the target went on with are the truth it would have been checked
 against (`hindsight`), so a session whose suffix drafts stopped leading still learns when they would be
-right again. The suffix draft then leads
-when its scaled expectation, plus the model's continuation weighted by the chance of reaching it, is at
-least the model's alone; ties go to the suffix, which costs no decode steps.
+right again. The suffix draft then leads when its scaled expectation, plus the model's continuation
+weighted by the chance of reaching it, is at least the model's alone; ties go to the suffix, which costs
+no decode steps.
 
 Why per source: a suffix draft is either right for many tokens or empty, a model draft is right for a few;
 one acceptance estimate over both would set the model's k from rounds the model did not draft.

@@ -50,7 +50,7 @@ class Session:
     acceptance: Acceptance  # this conversation's estimate for model drafts, see drafter.sessions.draft_length
     touched: float  # clock time of the last call
     in_flight: int = 0  # v2 calls drafting from this session now
-    suffix_track: SuffixTrack = SuffixTrack()  # how its suffix drafts fared (drafter.sessions.draft_source)
+    suffix_track: SuffixTrack = NEW_TRACK  # how its suffix drafts fared (drafter.sessions.draft_source)
     head_len: int = 0  # of `drafts`, how many came from the suffix index (the first ones)
     suffix_draft: SuffixDraft | None = None  # the last call's suffix lookup, sent or not, judged by the next
 

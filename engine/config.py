@@ -15,6 +15,7 @@ def _default_buckets() -> tuple[int, ...]:
     return (1, 2, 4, 8)
 
 
+MAX_TOP_CHOICES = 8
 DEFAULT_KV_CACHE_GB = {"cpu": 1.0, "cuda": 8.0}  # CPU: mapped lazily, so an unused budget costs nothing
 
 
@@ -41,6 +42,8 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # or the budget in positions (tests); overrides kv_cache_gb
     # CUDA graphs are captured per draft-length tier (engine/tiers.py); max_draft_tokens is always one.
     draft_length_tiers: tuple[int, ...] = (4, 8, 16)
+    # Top choices each decode step keeps (ids and probabilities), for drafting ahead (engine/ahead.py); 0: off.
+    top_choices: int = 0
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -69,6 +72,10 @@ class EngineConfig:
         tiers = self.draft_length_tiers
         if not tiers or any(not isinstance(t, int) or isinstance(t, bool) or t < 1 for t in tiers):
             raise ConfigError(f"draft_length_tiers must be positive integers, got {tiers!r}")
+        if not isinstance(self.top_choices, int) or not 0 <= self.top_choices <= MAX_TOP_CHOICES:
+            raise ConfigError(
+                f"top_choices must be an integer in [0, {MAX_TOP_CHOICES}], got {self.top_choices!r}"
+            )
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
             raise ConfigError(f"kv_cache_tokens must be positive, got {self.kv_cache_tokens!r}")
 

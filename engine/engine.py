@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine import compile as compile_step
+from engine.ahead import AheadBranch, BranchOps, top_choices
 from engine.cache.pool import PagePool, bytes_per_token
 from engine.cache.sequences import CacheFull, SequenceTable
 from engine.config import ConfigError, EngineConfig
@@ -67,16 +68,22 @@ class Engine:
         self.reset_cache()
         self.rope = tuple(t.to(self.device) for t in rope_table(model_config, config.cache_len))
         self.buffers = {
-            b: DecodeBuffers(b, config.max_draft_tokens + 1, config.max_pages_per_seq, self.device)
+            b: DecodeBuffers(
+                b, config.max_draft_tokens + 1, config.max_pages_per_seq, self.device, config.top_choices
+            )
             for b in config.buckets
         }
-        self.step = functools.partial(greedy_step, self.model, config.attention, config.page_size)
+        self.step = functools.partial(
+            greedy_step, self.model, config.attention, config.page_size, config.top_choices
+        )
         self.flex_pages = num_pages if config.attention == "flex" else None
         self.graphs = None  # CapturedLoops once captured
         self.static_shapes = False  # compiled or captured: every loop runs in a padded batch bucket
         self.eager_buffers: dict[int, DecodeBuffers] = {}
         self.stats = EngineStats()
         self.recompiles = RecompileGuard()
+        self.branch_ops = BranchOps()  # adoptions and drops asked from other threads, applied by the next job
+        self.branch_pages = 0
 
     @classmethod
     def load(cls, source: str, config: EngineConfig, lifecycle: Lifecycle | None = None) -> Engine:
@@ -190,7 +197,9 @@ class Engine:
         """Steps of the loop for a batch whose largest k is `num_draft_tokens` (engine/tiers.py): a captured
         tier on graphs, one step ahead on every static-shape path, exact k eagerly."""
         tiers = self.config.tiers if self.graphs is not None else None
-        return decode_steps(num_draft_tokens, tiers, ahead=self.static_shapes)
+        # Drafting ahead needs the choices after the last draft: the step ahead on every path.
+        ahead = self.static_shapes or self.config.top_choices > 0
+        return decode_steps(num_draft_tokens, tiers, ahead=ahead)
 
     def expected_prefill(self, request: DraftRequest) -> int:
         """About how many context tokens `draft_batch` would compute for this request alone (the rest it
@@ -207,19 +216,55 @@ class Engine:
         cfg = self.config
         if not 1 <= len(requests) <= cfg.max_batch_size:
             raise DraftError(f"a batch holds 1 to {cfg.max_batch_size} requests, got {len(requests)}")
-        began = time.perf_counter()
+        self.branch_ops.apply(self.table)
         vocab = self.loaded.config.vocab_size
         contexts = [as_token_array(r, vocab, cfg.max_seq_len, cfg.max_draft_tokens) for r in requests]
-        num_steps = self.decode_steps(max(r.num_draft_tokens for r in requests))
         try:
-            placements = self.table.place(
-                [(c, r.session, len(c) - 1 + num_steps) for c, r in zip(contexts, requests, strict=True)]
-            )
+            results, _ = self.run(contexts, requests)
         except CacheFull:
             if len(requests) == 1:
                 raise
             half = len(requests) // 2
             return self.draft_batch(requests[:half]) + self.draft_batch(requests[half:])
+        self.stats.add(results)
+        self.count_branch_pages()
+        return results
+
+    def count_branch_pages(self) -> None:
+        """For /metrics, which must not walk the table while this thread changes it."""
+        self.branch_pages = self.table.branch_pages if self.table.branches else 0
+
+    def draft_ahead(self, session: str, requests: list[DraftRequest], stop=None) -> list[AheadBranch] | None:
+        """Draft `requests` (a session's likely next contexts) as branches of `session`, replacing its earlier
+        ones (engine/ahead.py); None, with no branch kept, if `stop()` said so between two decode steps or
+        the branches do not fit beside the cached conversations (they never evict one)."""
+        cfg = self.config
+        self.branch_ops.apply(self.table)
+        self.table.drop_branches(session)
+        vocab = self.loaded.config.vocab_size
+        requests = requests[: cfg.max_batch_size]
+        contexts = [as_token_array(r, vocab, cfg.max_seq_len, cfg.max_draft_tokens) for r in requests]
+        try:
+            results, placements = self.run(contexts, requests, branch_of=session, stop=stop)
+        except CacheFull:
+            results = None
+        if results is None:
+            self.table.drop_branches(session)
+        self.count_branch_pages()
+        if results is None:
+            return None
+        return [AheadBranch(r, p.sequence) for r, p in zip(results, placements, strict=True)]
+
+    def run(self, contexts, requests, branch_of: str | None = None, stop=None):
+        """Place, prefill, decode, read back and commit one batch: (results, placements), or (None, None)
+        when `stop` cut the decode loop short."""
+        cfg = self.config
+        began = time.perf_counter()
+        num_steps = self.decode_steps(max(r.num_draft_tokens for r in requests))
+        placements = self.table.place(
+            [(c, r.session, len(c) - 1 + num_steps) for c, r in zip(contexts, requests, strict=True)],
+            branch_of,
+        )
 
         self.pool.clear_new([page for p in placements for page in p.sequence.pages])
         start = time.perf_counter()
@@ -240,16 +285,19 @@ class Engine:
         view = None
         if not self.static_shapes and not self.flex_pages and len(requests) == 1:
             view = contiguous(page_tables[0], kv_len, cfg.page_size)
-        self.run_decode(buffers, num_steps, kv_len, view)
-        # One readback (the loop's one host sync) of tokens and probabilities together: token ids < 2**24
-        # are exact in float32.
+        if self.run_decode(buffers, num_steps, kv_len, view, stop) < num_steps:
+            return None, None
+        # One readback (the loop's one host sync) of tokens, probabilities and top choices together: token
+        # ids < 2**24 are exact in float32.
         real = slice(0, len(requests))  # rows past it are the bucket's padding
+        top = buffers.out_top[real, :num_steps].flatten(1)
         both = torch.cat(
-            (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps]), 1
+            (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps], top), 1
         )
         rows = both.cpu().tolist()
         drafts = [[int(token) for token in row[:num_steps]] for row in rows]
-        probs = [row[num_steps:] for row in rows]
+        probs = [row[num_steps : 2 * num_steps] for row in rows]
+        choices = [top_choices(row[2 * num_steps :], cfg.top_choices) for row in rows]
         decoded = time.perf_counter()
 
         for context, placement, draft in zip(contexts, placements, drafts, strict=True):
@@ -268,13 +316,13 @@ class Engine:
                 engine_ms=engine_ms,
                 shared=placement.shared,
                 num_steps=num_steps,
+                choices=choice[: request.num_draft_tokens + 1],
             )
-            for request, context, placement, draft, prob in zip(
-                requests, contexts, placements, drafts, probs, strict=True
+            for request, context, placement, draft, prob, choice in zip(
+                requests, contexts, placements, drafts, probs, choices, strict=True
             )
         ]
-        self.stats.add(results)
-        return results
+        return results, placements
 
     def decode_buffers(self, batch: int) -> DecodeBuffers:
         """Static shapes (compiled, graphs) pad to a bucket; eager runs the exact batch, no padded rows."""
@@ -282,17 +330,31 @@ class Engine:
             return self.buffers[self.config.buckets[bisect.bisect_left(self.config.buckets, batch)]]
         if batch not in self.eager_buffers:
             self.eager_buffers[batch] = DecodeBuffers(
-                batch, self.config.max_draft_tokens + 1, self.config.max_pages_per_seq, self.device
+                batch,
+                self.config.max_draft_tokens + 1,
+                self.config.max_pages_per_seq,
+                self.device,
+                self.config.top_choices,
             )
         return self.eager_buffers[batch]
 
-    def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, view=None) -> None:
+    def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, view=None, stop=None) -> int:
+        """The decode loop; the steps it ran (fewer than `num_steps` only if `stop` cut it short; a captured
+        loop replays whole)."""
         if self.graphs is not None:
             self.graphs.replay(buffers.bucket, kv_len, num_steps)
-            return
+            return num_steps
         with self.recompiles.watching():
-            run_loop(
-                self.step, buffers, num_steps, kv_len, self.rope, self.pool.tensors, view, self.flex_pages
+            return run_loop(
+                self.step,
+                buffers,
+                num_steps,
+                kv_len,
+                self.rope,
+                self.pool.tensors,
+                view,
+                self.flex_pages,
+                stop,
             )
 
     def sync(self) -> None:

@@ -36,6 +36,9 @@ class DraftResult:
     engine_ms: float = 0.0  # the whole batch's call: cache lookup, prefill, decode, readback, bookkeeping
     shared: int = 0  # of `cached`, tokens found on other conversations' pages (the prefix index)
     num_steps: int = 0  # decode steps the batch's loop ran (a captured tier plus the step ahead: >= k)
+    # With top choices on (engine/ahead.py): per position 0..k, the likeliest tokens there as (id, prob)
+    # pairs, best first; position k is the step after the last draft.
+    choices: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -8,6 +8,10 @@ and at most `window_s`; a lone client never waits. A request that cannot queue f
 (`QueueFull`), one still queued at its deadline fails (`Expired`), and one withdrawn (client gone) is
 simply never drafted. A lone request that `runs_inline` deems short is drafted on the event loop's own
 thread, without the two thread hand-offs (drafter/scheduling/inline.py). The batcher knows nothing of HTTP.
+
+Background work (drafting ahead: drafter/sessions/ahead.py) runs only on an idle engine with nothing
+queued, arriving or held, one job at a time, oldest session first, and is told to stop between decode
+steps the moment a real request shows up; it never counts as load or as contention.
 """
 
 from __future__ import annotations
@@ -116,6 +120,9 @@ class Batcher:
         self.timer: asyncio.TimerHandle | None = None  # the end of the window, while one is open
         self.failure: BaseException | None = None
         self.stopped = False
+        # Background jobs by key (a session: a newer job replaces its older one), oldest first.
+        self.background: dict[str, tuple[Callable, Callable]] = {}
+        self.background_running = False
 
     async def stop(self) -> None:
         self.stopped = True
@@ -166,10 +173,32 @@ class Batcher:
         self.metrics.queue_depth.set(len(self.waiting))
         return True
 
+    def run_in_background(self, key: str, job: Callable, done: Callable) -> None:
+        """Run `job(stop)` on the engine thread once it idles with no real work; `stop()` turns true when
+        a real request is waiting or on its way. `done(result, error)` runs on this loop; a job still
+        queued when a newer one with its key comes is dropped unrun."""
+        self.background.pop(key, None)
+        self.background[key] = (job, done)
+        self.pump()
+
+    def cancel_background(self, key: str) -> None:
+        self.background.pop(key, None)
+
+    def real_work_pending(self) -> bool:
+        """Read from the engine thread between decode steps: plain reads, safe without a lock."""
+        return bool(self.waiting or self.arriving or self.holding or self.alone or self.stopped)
+
     def pump(self, window_over: bool = False) -> None:
         """Start the next batch if the engine is idle and the queue is ready: the batch is full, nobody
-        else is on the way, or the first request has waited `window_s`."""
-        if self.running or self.holding or self.failure is not None or self.stopped:
+        else is on the way, or the first request has waited `window_s`; with nothing to draft, background
+        work."""
+        if (
+            self.running
+            or self.background_running
+            or self.holding
+            or self.failure is not None
+            or self.stopped
+        ):
             return
         while self.alone:
             pending = self.alone.popleft()
@@ -177,6 +206,8 @@ class Batcher:
                 self.dispatch([pending])
                 return
         if not self.waiting:
+            if self.background and not self.arriving:
+                self.start_background()
             return
         loop = asyncio.get_running_loop()
         window_end = self.waiting[0].arrived + self.window_s
@@ -188,6 +219,22 @@ class Batcher:
         self.close_window()
         if batch := self.take():
             self.dispatch(batch)
+
+    def start_background(self) -> None:
+        key = next(iter(self.background))
+        job, done = self.background.pop(key)
+        self.background_running = True
+
+        def finished(result, error: BaseException | None) -> None:
+            self.background_running = False
+            if error is not None and not isinstance(error, DraftError):
+                self.failure = error  # the device failed: as if a batch had
+                self.on_engine_failure(error)
+                self.fail_waiting(EngineFailed(str(error)))
+            done(result, error)
+            self.pump()
+
+        self.engine_thread.post(finished, job, self.real_work_pending)
 
     def end_window(self) -> None:
         self.timer = None

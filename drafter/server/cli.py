@@ -102,6 +102,11 @@ OPTIONS: dict[str, tuple] = {
         "tokens of recent conversations' responses in the suffix index every session drafts from, oldest "
         "evicted first; 0 for servers whose tenants must not see each other's text [65536]",
     ),
+    "draft-ahead": (
+        int,
+        "branches per session drafted ahead while the engine idles: the likeliest next contexts (drafts "
+        "kept, the target's token), so the session's next call may be answered with no engine work; 0: off [0]",
+    ),
     "api-key": (
         str,
         "bearer token required on /draft, /info and /metrics [none: open]; prefer the variable, "

@@ -20,6 +20,10 @@ MAX_SESSION_CHARS = 128
 MAX_UDS_PATH_BYTES = 108  # sockaddr_un's sun_path on Linux, terminating NUL included
 
 
+# Top choices per position an engine drafting ahead keeps: a branch's bonus token is one of them.
+AHEAD_TOP_CHOICES = 4
+
+
 class ServerConfigError(ValueError):
     """A server setting that cannot work; the message names the setting."""
 
@@ -58,6 +62,9 @@ class ServerConfig:
     suffix_tokens: int = 262144  # tokens all sessions' suffix indexes hold together; 0: no suffix drafts
     suffix_global_tokens: int = 65536  # tokens of recent responses in the shared suffix index; 0: none
     suffix_min_score: float = 0.0  # a hybrid draft starts with the suffix's only if its score reaches this
+    draft_ahead: int = (
+        0  # branches drafted ahead per session while the engine idles (drafter/sessions/ahead.py)
+    )
 
     def __post_init__(self):
         if not self.model:
@@ -107,6 +114,11 @@ class ServerConfig:
             raise ServerConfigError(f"suffix_min_score must be in [0, 1000], got {self.suffix_min_score}")
         if self.default_source not in self.sources:
             raise ServerConfigError("suffix_tokens 0 turns suffix drafting off: draft_source must be model")
+        if not 0 <= self.draft_ahead <= self.max_batch_size:
+            raise ServerConfigError(
+                f"draft_ahead must be in [0, max_batch_size = {self.max_batch_size}] (one decode loop drafts "
+                f"a session's branches), got {self.draft_ahead}"
+            )
         if self.api_key is not None and not self.api_key.strip():
             raise ServerConfigError("api_key must not be empty (unset it to turn auth off)")
         self.engine_config()  # the engine's own checks (sizes, dtype, graphs on CUDA only) fail here too
@@ -123,6 +135,7 @@ class ServerConfig:
             draft_length_tiers=self.draft_length_tiers,
             compile=self.compile,
             cuda_graphs=self.cuda_graphs,
+            top_choices=AHEAD_TOP_CHOICES if self.draft_ahead else 0,
         )
 
     @property

@@ -94,15 +94,28 @@ async def read_checked_body(request: Request, runtime: Runtime, max_bytes: int) 
 
 
 async def draft_for(call: Call, request: Request, runtime: Runtime, started: float) -> Response:
+    ahead = None  # hit, miss or none: what drafting ahead had for this call
+    if runtime.ahead is not None and call.params.session is not None:
+        result, ahead = runtime.ahead.answer(call)
+        if result is not None:  # answered from a branch: no engine work
+            return answered(call, runtime, result, None, started, ahead)
     if call.num_draft_tokens == 0:  # auto under load: an empty draft now beats any wait
-        return draft_response(call, runtime, EMPTY_RESULT, None, started)
+        return draft_response(call, runtime, EMPTY_RESULT, None, started, ahead)
     pending = submit(call, runtime)
     host_s = time.thread_time() - started
     result = await wait_for_result(request, runtime, pending)
     if result is None:  # the client is gone; nobody reads this
         runtime.speculation.abandon(call)
         return OrjsonResponse(None, status_code=499)
-    return draft_response(call, runtime, result, pending, time.thread_time() - host_s)
+    return answered(call, runtime, result, pending, time.thread_time() - host_s, ahead)
+
+
+def answered(call, runtime: Runtime, result: DraftResult, pending, host_started: float, ahead) -> Response:
+    """The answer; then, once it is out, drafting ahead plans the session's next round."""
+    response = draft_response(call, runtime, result, pending, host_started, ahead)
+    if ahead is not None:
+        asyncio.get_running_loop().call_soon(runtime.ahead.after, call, result)
+    return response
 
 
 def submit(call: Call, runtime: Runtime) -> Pending:
@@ -167,7 +180,12 @@ async def settled(runtime: Runtime, pending: Pending) -> DraftResult | None:
 
 
 def draft_response(
-    call: Call, runtime: Runtime, result: DraftResult, pending: Pending | None, host_started: float
+    call: Call,
+    runtime: Runtime,
+    result: DraftResult,
+    pending: Pending | None,
+    host_started: float,
+    ahead: str | None = None,
 ) -> Response:
     """The answer; `host_started` is the thread time when this call's host work began, less what it spent
     before queueing, so `host` is the server's own per-call work: parse, validate, session work and
@@ -183,6 +201,8 @@ def draft_response(
     )
     if call.wanted != MODEL:  # the suffix lookup, inside `host`
         timing += f", suffix;dur={call.lookup_ms:.3f}"
+    if ahead is not None:  # whether a branch drafted ahead answered it
+        timing += f", ahead;desc={ahead}"
     return Response(content, media_type="application/json", headers={"Server-Timing": timing})
 
 

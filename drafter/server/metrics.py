@@ -164,6 +164,44 @@ class Metrics:
             registry=registry,
         )
 
+    def add_ahead(self, max_draft_tokens: int) -> None:
+        """Drafting ahead's series (drafter/sessions/ahead.py), only on a server that drafts ahead."""
+        registry = self.registry
+        self.ahead_plans = Counter(
+            "drafter_ahead_plans",
+            "Sessions' branch sets drafted ahead, by outcome: drafted (kept for the next call), preempted (a "
+            "real request came first, or no room beside the cached conversations), stale (the session moved on)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.ahead_branches = Counter(
+            "drafter_ahead_branches", "Branches drafted ahead (likely next contexts)", registry=registry
+        )
+        self.ahead_calls = Counter(
+            "drafter_ahead_calls",
+            "Session calls by what drafting ahead had for them: hit (answered from a branch, no engine work), "
+            "miss (branches, none matched), not_ready (no branches)",
+            ["outcome"],
+            registry=registry,
+        )
+        hits_at = Counter(
+            "drafter_ahead_hits_by_accepted",
+            "Calls answered from a branch, by how many of the last drafts the target accepted",
+            ["accepted"],
+            registry=registry,
+        )
+        self.ahead_hits_at = [hits_at.labels(str(a)) for a in range(max_draft_tokens + 1)]
+        self.ahead_wasted_steps = Counter(
+            "drafter_ahead_wasted_steps",
+            "Decode steps of ahead loops whose branches went unused (each step drafts every branch)",
+            registry=registry,
+        )
+        self.ahead_branch_pages = Gauge(
+            "drafter_ahead_branch_pages",
+            "KV-cache pages held by branches alone (the first to go under pressure)",
+            registry=registry,
+        )
+
     def watch_cache(self, engine) -> None:
         """Page gauges read the engine's tables when scraped (plain ints: no lock, no device access)."""
         # engine.table is read at each scrape: reset_cache replaces it.

@@ -17,10 +17,12 @@ from drafter.scheduling import startup_costs
 from drafter.scheduling.batcher import Batcher
 from drafter.scheduling.engine_thread import EngineThread
 from drafter.scheduling.inline import InlinePolicy, effective_max_ms
+from drafter.server.ahead_work import AheadWork
 from drafter.server.config import ServerConfig
 from drafter.server.metrics import Metrics
 from drafter.server.request_body import BodyDeadlines
 from drafter.server.validation import Limits
+from drafter.sessions.ahead import DraftAhead
 from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy
 from drafter.sessions.speculation import Speculation
 from drafter.sessions.suffix_drafts import SuffixDrafts, SuffixRules
@@ -54,6 +56,7 @@ class Runtime:
         self.suffix: SuffixDrafts | None = None
         self.suffix_work = asyncio.Event()  # set when the suffix indexes have tokens to take in
         self.indexer: asyncio.Task | None = None
+        self.ahead: AheadWork | None = None  # drafting ahead, when --draft-ahead > 0
 
     @property
     def ready(self) -> bool:
@@ -118,7 +121,7 @@ class Runtime:
                 config.max_sessions,
                 config.session_ttl_s,
                 config.max_seq_len,
-                on_drop=self.suffix.drop if self.suffix is not None else lambda name: None,
+                on_drop=self.session_dropped,
             ),
             DraftLengthPolicy(
                 DraftCost(config.target_verify_ms, costs.base_ms, costs.step_ms),
@@ -155,6 +158,17 @@ class Runtime:
             self.speculation.policy.observe,  # each batch's decode ms and the steps that ran
             self.inline,
         )
+        if config.draft_ahead:
+            self.metrics.add_ahead(config.max_draft_tokens)
+            self.metrics.ahead_branch_pages.set_function(lambda: engine.branch_pages)
+            ahead = DraftAhead(
+                config.draft_ahead,
+                self.speculation.policy,
+                config.max_seq_len,
+                config.max_draft_tokens,
+                self.metrics,
+            )
+            self.ahead = AheadWork(ahead, self.batcher, engine, self.speculation.sessions)
         log.info(
             "ready in %.1f s: %s on %s (%s), stages %s, fallbacks %s",
             time.perf_counter() - started,
@@ -164,6 +178,13 @@ class Runtime:
             snapshot["stage_seconds"],
             snapshot["fallbacks"] or "none",
         )
+
+    def session_dropped(self, name: str) -> None:
+        """A session left the table (TTL, count, close): its suffix index and branches go too."""
+        if self.suffix is not None:
+            self.suffix.drop(name)
+        if self.ahead is not None:
+            self.ahead.forget(name)
 
     async def index_suffixes(self) -> None:
         """Take new context tokens into the suffix indexes a slice at a time, between the loop's other

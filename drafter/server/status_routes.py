@@ -55,6 +55,14 @@ async def info(request: Request) -> OrjsonResponse:
         body["sessions"] = speculation.sessions.describe()
         body["draft_length_policy"] = speculation.policy.describe()
         body["speculation"] = speculation.describe()
+        if runtime.ahead is not None:
+            body["draft_ahead"] = {
+                **runtime.ahead.ahead.describe(),
+                "branch_pages": runtime.engine.branch_pages,
+                "top_choices": runtime.engine.config.top_choices,
+            }
+        else:
+            body["draft_ahead"] = {"branches_per_session": 0}
     return OrjsonResponse(body)
 
 

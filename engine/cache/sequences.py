@@ -16,8 +16,13 @@ and prefills the rest.
 Pages it will write must be its own: a page another sequence also holds is never written, so the reused
 prefix stops at that page's start (the partly matching page is recomputed, at most page_size - 1 tokens).
 
-When pages run out, idle indexed pages go first, then whole sequences not in the running batch, least
-recently used first. Placement only changes bookkeeping; a sequence's tokens are cut to its reused prefix
+A *branch* (engine/ahead.py) is a sequence drafted ahead for a session's likely next context: placed by
+content only (the session's full pages, through the prefix index; its partial page recomputed), never
+continued by a request, and kept apart until the session's next call adopts one (it becomes the session's
+sequence) or drops them all.
+
+When pages run out, branches go first, then idle indexed pages, then whole sequences not in the running
+batch, least recently used first; placing a branch never evicts anything but other branches and idle pages. Placement only changes bookkeeping; a sequence's tokens are cut to its reused prefix
 before anything is written, so a batch that fails midway leaves every sequence describing what its pages
 really hold.
 """
@@ -46,6 +51,7 @@ class Sequence:
     context_len: int = 0  # length of the last request's context; the rest of `tokens` are fed-back drafts
     session: str | None = None
     last_used: int = 0
+    branch_of: str | None = None  # the session a branch was drafted ahead for; None: not a branch
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,7 @@ class CacheCounters:
     shared_tokens: int = 0
     evicted_sequences: int = 0
     evicted_pages: int = 0
+    evicted_branches: int = 0
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -92,28 +99,40 @@ class SequenceTable:
         self.counters = CacheCounters()
         self.tick = 0
         self.latest: Sequence | None = None  # the sequence placed last: a lone client's conversation
+        self.branches: dict[str, list[Sequence]] = {}  # by session, in placement order
 
     # -- placing a batch ------------------------------------------------------------------------------
 
-    def place(self, batch: list[tuple[np.ndarray, str | None, int]]) -> list[Placement]:
+    def place(
+        self, batch: list[tuple[np.ndarray, str | None, int]], branch_of: str | None = None
+    ) -> list[Placement]:
         """A sequence for each (context, session, positions to hold) of one batch, with its pages allocated
-        for every position the batch will write; no sequence serves two requests of one batch."""
+        for every position the batch will write; no sequence serves two requests of one batch. With
+        `branch_of`, every one is a new branch of that session (the sessions given are ignored)."""
         taken: set[int] = set()
         return [
-            self.place_one(tokens, session, num_positions, taken) for tokens, session, num_positions in batch
+            self.place_one(tokens, session, num_positions, taken, branch_of)
+            for tokens, session, num_positions in batch
         ]
 
-    def place_one(self, tokens: np.ndarray, session: str | None, num_positions: int, taken: set[int]):
+    def place_one(
+        self,
+        tokens: np.ndarray,
+        session: str | None,
+        num_positions: int,
+        taken: set[int],
+        branch_of: str | None = None,
+    ):
         size = self.page_size
         reusable = len(tokens) - 1  # the last context token is always fed to the decode loop
         full_pages = reusable // size
-        target, own = self.hinted(tokens, session, taken)
-        if target is None:
+        target, own = (None, -1) if branch_of else self.hinted(tokens, session, taken)
+        if target is None and not branch_of:
             target, own = self.continues_latest(tokens, session, taken, full_pages)
         # A hinted or continued sequence holding every full page of the context leaves the index nothing to
         # offer (a growing conversation's usual call): skip hashing and looking up its whole context.
         matched = [] if own >= full_pages * size else self.index.match(tokens, full_pages)
-        if target is None:
+        if target is None and not branch_of:
             target, own = self.continued(tokens, session, matched, taken)
         if own >= len(matched) * size and target is not None:
             kept, reuse = target.pages[: -(-own // size)], own
@@ -137,10 +156,19 @@ class SequenceTable:
         needed = -(-num_positions // size) - len(kept)
         if kept:
             self.reclaim_after(kept[-1], needed)
-        evicted = self.make_room(needed, taken)
+        try:
+            evicted = self.make_room(needed, taken, evict_sequences=not branch_of)
+        except CacheFull:
+            if branch_of:  # a branch that does not fit is not placed at all
+                self.drop(sequence)
+            raise
         sequence.pages += self.allocator.take(needed, kept[-1] if kept else None)
         self.allocator.refs[sequence.pages[len(kept) :]] += 1
-        self.bind(sequence, session, len(tokens))
+        if branch_of:
+            sequence.branch_of, sequence.context_len = branch_of, len(tokens)
+            self.branches.setdefault(branch_of, []).append(sequence)
+        else:
+            self.bind(sequence, session, len(tokens))
         shared = min(reuse, len(newly) * size)
         self.counters.shared_tokens += shared
         return Placement(sequence, reuse, shared, evicted)
@@ -178,7 +206,9 @@ class SequenceTable:
     def may_continue(sequence: Sequence, session: str | None, taken: set[int]) -> bool:
         """Unhinted, a request may continue a sequence no other request of its batch has and no other
         session holds (a sessionless one continues only sessionless sequences)."""
-        return id(sequence) not in taken and sequence.session in (None, session)
+        return (
+            id(sequence) not in taken and sequence.session in (None, session) and sequence.branch_of is None
+        )
 
     def continued(self, tokens, session, matched, taken) -> tuple[Sequence | None, int]:
         """Without a hint: the sequence whose whole last context this request extends, and how many of its
@@ -243,17 +273,23 @@ class SequenceTable:
             self.allocator.give_back([following])
             self.counters.evicted_pages += 1
 
-    def make_room(self, needed: int, taken: set[int]) -> int:
-        """Free pages until `needed` are free: idle pages first, then idle sequences, LRU first."""
+    def make_room(self, needed: int, taken: set[int], evict_sequences: bool = True) -> int:
+        """Free pages until `needed` are free: branches first, then idle pages, then idle sequences, LRU
+        first (only branches and idle pages unless `evict_sequences`)."""
         evicted = 0
         while self.allocator.num_free < needed:
+            branch = next((b for bs in self.branches.values() for b in bs if id(b) not in taken), None)
+            if branch is not None:
+                self.drop(branch)
+                self.counters.evicted_branches += 1
+                continue
             if self.index.idle:
                 page = next(iter(self.index.idle))
                 self.index.forget(page)
                 self.allocator.give_back([page])
                 self.counters.evicted_pages += 1
                 continue
-            idle = [s for s in self.sequences if id(s) not in taken]
+            idle = [s for s in self.sequences if id(s) not in taken] if evict_sequences else []
             if not idle:
                 raise CacheFull(f"{needed} pages needed, {self.allocator.num_free} free")
             self.drop(min(idle, key=lambda s: s.last_used))
@@ -265,10 +301,46 @@ class SequenceTable:
         self.release(sequence.pages)
         sequence.pages, sequence.tokens = [], sequence.tokens[:0]
         self.sequences.remove(sequence)
+        if sequence.branch_of is not None:
+            siblings = self.branches.get(sequence.branch_of, [])
+            if sequence in siblings:
+                siblings.remove(sequence)
+            if not siblings:
+                self.branches.pop(sequence.branch_of, None)
         if self.latest is sequence:
             self.latest = None
         if sequence.session is not None and self.by_session.get(sequence.session) is sequence:
             del self.by_session[sequence.session]
+
+    # -- branches -------------------------------------------------------------------------------------
+
+    def drop_branches(self, session: str) -> None:
+        for branch in list(self.branches.get(session, ())):
+            self.drop(branch)
+
+    def adopt(self, session: str, branch: Sequence) -> bool:
+        """The session's next call matched `branch`: it becomes the session's sequence, and the session's old
+        sequence and other branches go (their pages shared with it stay, counted). False if it was evicted."""
+        if branch not in self.branches.get(session, ()):
+            return False
+        self.branches[session].remove(branch)
+        self.drop_branches(session)
+        old = self.by_session.get(session)
+        if old is not None:
+            self.drop(old)
+        branch.branch_of = None
+        self.bind(branch, session, branch.context_len)
+        return True
+
+    @property
+    def branch_pages(self) -> int:
+        """Pages held by branches and by nothing else."""
+        pages = [page for bs in self.branches.values() for b in bs for page in b.pages]
+        return (
+            int((self.allocator.refs[np.unique(np.asarray(pages, dtype=np.int64))] == 1).sum())
+            if pages
+            else 0
+        )
 
     @property
     def pages_in_use(self) -> int:

@@ -20,6 +20,7 @@ PROFILES = {  # model, contexts, draft lengths, concurrency, measured calls per 
     "device": ("qwen3-0.6b-random", (2048, 8192, 32768), (4, 16), (1, 4), 20),
     "smoke": ("tiny", (96,), (8,), (1, 4), 2),  # every kind of stage and case, not every size
 }
+AHEAD_BRANCHES = (1, 4, 8, 16, 24)  # the ahead loop's batch sizes (its buckets: each one captured)
 FAST_GPU_TESTS = ["tests/test_gpu.py", "tests/test_gpu_fp8.py"]
 REAL_SHAPE_GPU_TESTS = ["tests/test_gpu_real_shape.py"]
 
@@ -76,6 +77,23 @@ def plan(args, work: Path, bandwidth: float) -> list[Stage]:
         )  # fmt: skip
         return Stage(name, "engine", spec, min_s=min_s, max_s=max_s)
 
+    def ahead(attention: str, min_s: float, max_s: float) -> Stage:
+        """Drafting ahead's B-branch loop against batch 1 (one context, k = 8)."""
+        context = min(contexts)
+        config = engine_config(model, args.smoke, (context,), (8,), (1,), calls, attention)
+        config |= dict(top_choices=4, max_batch_size=max(AHEAD_BRANCHES), batch_buckets=AHEAD_BRANCHES)
+        # The session's conversation, and each branch's own pages: its partial page and what it drafts.
+        positions = 2 * (config["max_seq_len"] + 16) + max(AHEAD_BRANCHES) * 3 * 64
+        per_position = machine.kv_bytes_per_position(PRESETS[model], DTYPES[config["dtype"]].itemsize)
+        config["kv_cache_gb"] = round(positions * per_position / 2**30 + 0.001, 3)
+        name = f"fp8-weight-only {attention} ahead loop"
+        spec = dict(
+            label=name, where="ahead", checkpoint=str(checkpoints / "fp8-weight-only"), engine=config,
+            context_len=context, num_draft_tokens=8, branches=AHEAD_BRANCHES, calls=calls,
+            timeout_s=max_s, threads=1 if args.smoke else None,
+        )  # fmt: skip
+        return Stage(name, "engine", spec, min_s=min_s, max_s=max_s)
+
     def tests(name: str, paths: list[str], min_s: float, max_s: float) -> Stage:
         return Stage(name, "pytest", dict(paths=paths, junit=f"{name}.xml"), min_s=min_s, max_s=max_s)
 
@@ -85,6 +103,7 @@ def plan(args, work: Path, bandwidth: float) -> list[Stage]:
             engine("weight-only", "flex", "in-process", 5, 120),
             engine("weight-only", "sdpa", "in-process", 5, 120),
             engine("weight-only", "sdpa", "http", 5, 120),
+            ahead("sdpa", 5, 60),
         ]
     else:
         stages = [
@@ -96,6 +115,7 @@ def plan(args, work: Path, bandwidth: float) -> list[Stage]:
             export("dynamic", 90),
             engine("dynamic", "flex", "in-process", 60, 150),
             engine("weight-only", "sdpa", "http", 60, 150),
+            ahead("flex", 45, 120),
             tests("gpu-tests-real-shape", REAL_SHAPE_GPU_TESTS, 60, 240),
         ]
     for i, stage in enumerate(stages):

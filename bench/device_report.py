@@ -71,6 +71,21 @@ def markdown(result: dict) -> str:
         "inline batches",
     ]
     lines += table(header, costs)
+    ahead = [
+        [
+            name,
+            str(row["branches"]),
+            f"{row['p50_ms']:.3f}",
+            f"{row['batch1_p50_ms']:.3f}",
+            f"{row['ratio']:.2f}",
+        ]
+        for name, facts in result["engines"].items()
+        for row in facts.get("ahead_loop", [])
+    ]
+    if ahead:
+        lines += [""] + table(
+            ["engine", "branches", "ahead loop p50 ms", "batch-1 draft p50 ms", "ratio"], ahead
+        )
     lines += [f"\nskipped: {why}" for why in result["skipped"]]
     return "\n".join(lines)
 

@@ -30,6 +30,7 @@ from drafter.scheduling.batcher import CONTENTION_COOL_DOWN_S
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
 from engine.model.loader import load_model
+from engine.requests import DraftRequest
 
 OVERHEAD_CONTEXTS = (128, 2048)  # bench/overhead.py's, within the server's context
 OVERHEAD_FIELDS = ("context_len", "health_ms", "excess_ms", "engine_ms", "wall_ms")
@@ -125,6 +126,47 @@ def in_process(spec: dict, result: Result, device: str) -> None:
         print(f"  {spec['label']} {case_name(case)}: p50 {row['p50_ms']:.2f} ms", flush=True)
 
 
+def ahead_loop(spec: dict, result: Result, device: str) -> None:
+    """Drafting ahead's decode loop (engine/ahead.py): one session's B branches drafted together, against a
+    batch-1 draft of the same k on the same engine, for each B: what B predicted outcomes cost over one."""
+    engine = Engine.load(spec["checkpoint"], EngineConfig(**spec["engine"]))
+    snapshot = engine.warmup()
+    facts = result.data["facts"]
+    facts |= {"stage_seconds": snapshot["stage_seconds"], "fallbacks": snapshot["fallbacks"]}
+    facts |= {"captured": snapshot.get("captured"), "ahead_loop": []}
+    vocab = engine.loaded.config.vocab_size
+    k, calls = spec["num_draft_tokens"], spec["calls"]
+    context = np.random.default_rng(0).integers(0, vocab, spec["context_len"]).tolist()
+
+    def timed(fn) -> float:
+        started = time.perf_counter()
+        fn()
+        engine.sync()
+        return (time.perf_counter() - started) * 1e3
+
+    first = engine.draft_batch([DraftRequest(context, k, "s")])[0]
+    outcomes = [  # (a, b): every accepted count, each choice there
+        context + first.tokens[:a] + [token] for rank in range(4) for a in range(k + 1)
+        for token, _ in first.choices[a][rank : rank + 1]
+    ]  # fmt: skip
+    single = [timed(lambda: engine.draft_batch([DraftRequest(context, k, "s")])) for _ in range(calls)]
+    for count in spec["branches"]:
+        requests = [DraftRequest(c, k) for c in outcomes[:count]]
+        if engine.draft_ahead("s", requests) is None:  # also this batch size's first, unmeasured run
+            raise RuntimeError(f"{count} branches did not fit the KV cache")
+        loops = [timed(lambda requests=requests: engine.draft_ahead("s", requests)) for _ in range(calls)]
+        row = {
+            "branches": count,
+            "p50_ms": float(np.median(loops)),
+            "batch1_p50_ms": float(np.median(single)),
+        }
+        row["ratio"] = row["p50_ms"] / row["batch1_p50_ms"]
+        facts["ahead_loop"].append(row)
+        facts["recompiles_after_warmup"] = engine.recompiles.count
+        result.save()
+        print(f"  ahead loop B={count}: p50 {row['p50_ms']:.2f} ms ({row['ratio']:.2f}x batch 1)", flush=True)
+
+
 def over_http(spec: dict, result: Result, device: str) -> None:
     floor, vocab = floor_of(spec)
     cfg = spec["engine"]
@@ -181,6 +223,8 @@ def main(argv=None) -> int:
         export_stage(spec, result)
     elif spec["where"] == "in-process":
         in_process(spec, result, device)
+    elif spec["where"] == "ahead":
+        ahead_loop(spec, result, device)
     else:
         over_http(spec, result, device)
     result.save()

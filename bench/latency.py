@@ -70,6 +70,9 @@ def parse_args(argv):
     parser.add_argument("--concurrency", type=ints, help="clients to sweep")
     parser.add_argument("--calls", type=int, help="measured calls per client and case")
     parser.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth for the floor [measured]")
+    parser.add_argument(
+        "--server-flags", default="", help="extra flags for the spawned server, e.g. '--draft-ahead=8'"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write results here")
     parser.add_argument("--plot", help="write a PNG of latency vs context length here")
@@ -165,6 +168,7 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
                 f"--max-seq-len={sizes['max_seq_len']}", f"--max-batch-size={max(args.concurrency)}",
                 f"--attention={args.attention}", f"--max-draft-tokens={max(args.draft_lengths)}",
                 f"--max-queue={4 * max(args.concurrency)}", "--request-timeout-s=120",
+                *args.server_flags.split(),
             ], timeout_s=900).__enter__()  # fmt: skip
         url = args.url or server.url
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}

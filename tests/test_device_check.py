@@ -74,6 +74,11 @@ def test_device_check_smoke_runs_every_stage_and_writes_its_report(smoke):
     assert result["engines"]["fp8-weight-only sdpa http"]["inline_batches"] > 0
     assert "| fp8-weight-only flex in-process | 96 | 8 | 4 |" in table and table.strip() in done.stdout
     assert "| fp8-weight-only sdpa http | 128 |" in table
+    # Drafting ahead's B-branch loop against batch 1, every B measured (engine/ahead.py)
+    ahead = result["engines"]["fp8-weight-only sdpa ahead loop"]["ahead_loop"]
+    assert [row["branches"] for row in ahead] == [1, 4, 8, 16, 24]
+    assert all(row["p50_ms"] > 0 and row["batch1_p50_ms"] > 0 for row in ahead)
+    assert "| fp8-weight-only sdpa ahead loop | 24 |" in table
 
 
 def test_device_check_survives_a_stage_that_raises(tmp_path):
@@ -105,6 +110,6 @@ def test_device_check_skips_stages_its_budget_no_longer_holds_and_says_so(tmp_pa
     assert done.returncode == 0 and result["stages"] == []
     assert [why.split(":")[0] for why in result["skipped"]] == [
         "export fp8-weight-only", "fp8-weight-only flex in-process", "fp8-weight-only sdpa in-process",
-        "fp8-weight-only sdpa http",
+        "fp8-weight-only sdpa http", "fp8-weight-only sdpa ahead loop",
     ]  # fmt: skip
     assert "skipped: export fp8-weight-only: needs ~25 s" in table

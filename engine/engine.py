@@ -290,10 +290,10 @@ class Engine:
         # One readback (the loop's one host sync) of tokens, probabilities and top choices together: token
         # ids < 2**24 are exact in float32.
         real = slice(0, len(requests))  # rows past it are the bucket's padding
-        top = buffers.out_top[real, :num_steps].flatten(1)
-        both = torch.cat(
-            (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps], top), 1
-        )
+        parts = (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps])
+        if cfg.top_choices:  # drafting ahead: each step's top choices too
+            parts += (buffers.out_top[real, :num_steps].flatten(1),)
+        both = torch.cat(parts, 1)
         rows = both.cpu().tolist()
         drafts = [[int(token) for token in row[:num_steps]] for row in rows]
         probs = [row[num_steps : 2 * num_steps] for row in rows]

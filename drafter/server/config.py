@@ -62,9 +62,8 @@ class ServerConfig:
     suffix_tokens: int = 262144  # tokens all sessions' suffix indexes hold together; 0: no suffix drafts
     suffix_global_tokens: int = 65536  # tokens of recent responses in the shared suffix index; 0: none
     suffix_min_score: float = 0.0  # a hybrid draft starts with the suffix's only if its score reaches this
-    draft_ahead: int = (
-        0  # branches drafted ahead per session while the engine idles (drafter/sessions/ahead.py)
-    )
+    # Branches drafted ahead per session while the engine idles (drafter/sessions/ahead.py); 0: off.
+    draft_ahead: int = 0
 
     def __post_init__(self):
         if not self.model:

@@ -173,12 +173,7 @@ class DraftAhead:
             self.metrics.ahead_calls.labels("not_ready").inc()
             return None, False
         found = None
-        if (
-            plan.drafts is drafts
-            and accepted is not None
-            and len(context) == plan.context_len + accepted + 1
-            and num_draft_tokens > 0
-        ):
+        if plan.drafts is drafts and len(context) == plan.context_len + accepted + 1 and num_draft_tokens > 0:
             found = plan.branches.get((accepted, int(context[-1])))
         if found is None or found[0].depth < num_draft_tokens:
             self.stats.misses += 1
@@ -195,9 +190,9 @@ class DraftAhead:
         self.stats.wasted_steps += plan.num_steps
         self.metrics.ahead_wasted_steps.inc(plan.num_steps)
 
-    def forget(self, session: str) -> bool:
-        """The session left the table; True if it had branches."""
-        return self.plans.pop(session, None) is not None
+    def forget(self, session: str) -> None:
+        """The session left the table."""
+        self.plans.pop(session, None)
 
     def describe(self) -> dict:
         s = self.stats

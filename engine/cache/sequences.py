@@ -22,9 +22,10 @@ continued by a request, and kept apart until the session's next call adopts one 
 sequence) or drops them all.
 
 When pages run out, branches go first, then idle indexed pages, then whole sequences not in the running
-batch, least recently used first; placing a branch never evicts anything but other branches and idle pages. Placement only changes bookkeeping; a sequence's tokens are cut to its reused prefix
-before anything is written, so a batch that fails midway leaves every sequence describing what its pages
-really hold.
+batch, least recently used first; placing a branch never evicts anything but other branches and idle
+pages. Placement only changes bookkeeping; a sequence's tokens are cut to its reused prefix before
+anything is written, so a batch that fails midway leaves every sequence describing what its pages really
+hold.
 """
 
 from __future__ import annotations

@@ -144,14 +144,15 @@ def ahead_loop(spec: dict, result: Result, device: str) -> None:
         engine.sync()
         return (time.perf_counter() - started) * 1e3
 
-    first = engine.draft_batch([DraftRequest(context, k, "s")])[0]
+    first = engine.draft_batch([DraftRequest(context, k, "s", choices=True)])[0]
     outcomes = [  # (a, b): every accepted count, each choice there
         context + first.tokens[:a] + [token] for rank in range(4) for a in range(k + 1)
         for token, _ in first.choices[a][rank : rank + 1]
     ]  # fmt: skip
-    single = [timed(lambda: engine.draft_batch([DraftRequest(context, k, "s")])) for _ in range(calls)]
+    one = [DraftRequest(context, k, "s", choices=True)]  # the same steps as a branch's loop
+    single = [timed(lambda: engine.draft_batch(one)) for _ in range(calls)]
     for count in spec["branches"]:
-        requests = [DraftRequest(c, k) for c in outcomes[:count]]
+        requests = [DraftRequest(c, k, choices=True) for c in outcomes[:count]]
         if engine.draft_ahead("s", requests) is None:  # also this batch size's first, unmeasured run
             raise RuntimeError(f"{count} branches did not fit the KV cache")
         loops = [timed(lambda requests=requests: engine.draft_ahead("s", requests)) for _ in range(calls)]

@@ -3,8 +3,9 @@ other threads ask for.
 
 While the target verifies a session's drafts, the server drafts the session's likely next contexts (the
 drafts it will keep, then the target's own token: drafter/sessions/ahead.py) as *branches*: sequences of the
-cache table that share the session's full pages and recompute its partly filled page (at most page_size - 1
-tokens), drafted in one batched decode loop that stops between steps when a real request comes in. They
+cache table that share the session's full pages and copy its partly filled one (nothing to prefill: the
+session's sequence already holds the kept drafts' keys), drafted in one batched decode loop that stops
+between steps when a real request comes in, so a real request waits at most one decode step. They
 are ordinary sequences to the decode loop, so a branch's drafts are exactly those a call with its context
 would get. The session's next call either matches one — the branch becomes the session's sequence — or
 drops them all.

@@ -37,6 +37,7 @@ from engine.tiers import decode_steps
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+AHEAD_STEP_EWMA = 0.2  # weight of the newest ahead loop in `ahead_step_ms`
 
 
 class Engine:
@@ -76,6 +77,8 @@ class Engine:
         self.step = functools.partial(
             greedy_step, self.model, config.attention, config.page_size, config.top_choices
         )
+        # Eager loops rank top choices only for batches that ask (`DraftRequest.choices`): ~10% of a CPU step.
+        self.plain_step = functools.partial(greedy_step, self.model, config.attention, config.page_size, 0)
         self.flex_pages = num_pages if config.attention == "flex" else None
         self.graphs = None  # CapturedLoops once captured
         self.static_shapes = False  # compiled or captured: every loop runs in a padded batch bucket
@@ -84,6 +87,7 @@ class Engine:
         self.recompiles = RecompileGuard()
         self.branch_ops = BranchOps()  # adoptions and drops asked from other threads, applied by the next job
         self.branch_pages = 0
+        self.ahead_step_ms: float | None = None  # wall time per step of ahead loops, a moving average
 
     @classmethod
     def load(cls, source: str, config: EngineConfig, lifecycle: Lifecycle | None = None) -> Engine:
@@ -193,13 +197,19 @@ class Engine:
         spans = self.config.kv_buckets
         return spans[bisect.bisect_left(spans, num_positions)]
 
-    def decode_steps(self, num_draft_tokens: int) -> int:
+    def decode_steps(self, num_draft_tokens: int, choices: bool = False) -> int:
         """Steps of the loop for a batch whose largest k is `num_draft_tokens` (engine/tiers.py): a captured
-        tier on graphs, one step ahead on every static-shape path, exact k eagerly."""
+        tier on graphs, one step ahead on every static-shape path, exact k eagerly unless the batch keeps
+        top choices (drafting ahead needs those after the last draft too)."""
         tiers = self.config.tiers if self.graphs is not None else None
-        # Drafting ahead needs the choices after the last draft: the step ahead on every path.
-        ahead = self.static_shapes or self.config.top_choices > 0
-        return decode_steps(num_draft_tokens, tiers, ahead=ahead)
+        return decode_steps(num_draft_tokens, tiers, ahead=self.static_shapes or choices)
+
+    def keeps_choices(self, requests: list[DraftRequest]) -> bool:
+        """Whether this batch's loop ranks top choices: static-shape loops were built with them (when the
+        config has any), eager loops rank them only when a request asks."""
+        if not self.config.top_choices:
+            return False
+        return self.static_shapes or any(r.choices for r in requests)
 
     def expected_prefill(self, request: DraftRequest) -> int:
         """About how many context tokens `draft_batch` would compute for this request alone (the rest it
@@ -244,10 +254,21 @@ class Engine:
         vocab = self.loaded.config.vocab_size
         requests = requests[: cfg.max_batch_size]
         contexts = [as_token_array(r, vocab, cfg.max_seq_len, cfg.max_draft_tokens) for r in requests]
+        began, asked = time.perf_counter(), [0]
+
+        def stopping() -> bool:  # asked before every step but the first: counts the steps run when it stops
+            asked[0] += 1
+            return stop is not None and stop()
+
         try:
-            results, placements = self.run(contexts, requests, branch_of=session, stop=stop)
-        except CacheFull:
-            results = None
+            results, placements = self.run(contexts, requests, branch_of=session, stop=stopping)
+        except CacheFull:  # nothing ran
+            results, asked[0] = None, 0
+        steps = results[0].num_steps if results else asked[0]
+        if steps:  # so the server can tell whether a loop would finish before the session's next call
+            step_ms = (time.perf_counter() - began) * 1e3 / steps
+            old = self.ahead_step_ms
+            self.ahead_step_ms = step_ms if old is None else old + AHEAD_STEP_EWMA * (step_ms - old)
         if results is None:
             self.table.drop_branches(session)
         self.count_branch_pages()
@@ -260,13 +281,15 @@ class Engine:
         when `stop` cut the decode loop short."""
         cfg = self.config
         began = time.perf_counter()
-        num_steps = self.decode_steps(max(r.num_draft_tokens for r in requests))
+        choices = self.keeps_choices(requests)
+        num_steps = self.decode_steps(max(r.num_draft_tokens for r in requests), choices)
         placements = self.table.place(
             [(c, r.session, len(c) - 1 + num_steps) for c, r in zip(contexts, requests, strict=True)],
             branch_of,
         )
 
         self.pool.clear_new([page for p in placements for page in p.sequence.pages])
+        self.pool.copy_pages([p.copy for p in placements if p.copy is not None])
         start = time.perf_counter()
         rows = [
             PrefillRow(p.sequence.pages, c[p.reuse : len(c) - 1], p.reuse)
@@ -285,19 +308,19 @@ class Engine:
         view = None
         if not self.static_shapes and not self.flex_pages and len(requests) == 1:
             view = contiguous(page_tables[0], kv_len, cfg.page_size)
-        if self.run_decode(buffers, num_steps, kv_len, view, stop) < num_steps:
+        if self.run_decode(buffers, num_steps, kv_len, view, stop, choices) < num_steps:
             return None, None
         # One readback (the loop's one host sync) of tokens, probabilities and top choices together: token
         # ids < 2**24 are exact in float32.
         real = slice(0, len(requests))  # rows past it are the bucket's padding
         parts = (buffers.out_tokens[real, :num_steps].float(), buffers.out_probs[real, :num_steps])
-        if cfg.top_choices:  # drafting ahead: each step's top choices too
+        if choices:  # drafting ahead: each step's top choices too
             parts += (buffers.out_top[real, :num_steps].flatten(1),)
         both = torch.cat(parts, 1)
         rows = both.cpu().tolist()
         drafts = [[int(token) for token in row[:num_steps]] for row in rows]
         probs = [row[num_steps : 2 * num_steps] for row in rows]
-        choices = [top_choices(row[2 * num_steps :], cfg.top_choices) for row in rows]
+        tops = [top_choices(row[2 * num_steps :], cfg.top_choices if choices else 0) for row in rows]
         decoded = time.perf_counter()
 
         for context, placement, draft in zip(contexts, placements, drafts, strict=True):
@@ -319,7 +342,7 @@ class Engine:
                 choices=choice[: request.num_draft_tokens + 1],
             )
             for request, context, placement, draft, prob, choice in zip(
-                requests, contexts, placements, drafts, probs, choices, strict=True
+                requests, contexts, placements, drafts, probs, tops, strict=True
             )
         ]
         return results, placements
@@ -338,15 +361,17 @@ class Engine:
             )
         return self.eager_buffers[batch]
 
-    def run_decode(self, buffers: DecodeBuffers, num_steps: int, kv_len: int, view=None, stop=None) -> int:
+    def run_decode(
+        self, buffers: DecodeBuffers, num_steps: int, kv_len: int, view=None, stop=None, choices=True
+    ) -> int:
         """The decode loop; the steps it ran (fewer than `num_steps` only if `stop` cut it short; a captured
-        loop replays whole)."""
+        loop replays whole). Eager loops skip ranking top choices unless `choices`."""
         if self.graphs is not None:
             self.graphs.replay(buffers.bucket, kv_len, num_steps)
             return num_steps
         with self.recompiles.watching():
             return run_loop(
-                self.step,
+                self.step if choices or self.static_shapes else self.plain_step,
                 buffers,
                 num_steps,
                 kv_len,

@@ -22,6 +22,9 @@ class DraftRequest:
     tokens: Sequence[int]  # the whole context
     num_draft_tokens: int
     session: str | None = None  # a hint naming the conversation, for cache placement
+    # Keep each step's top choices, and run the step after the last draft (drafting ahead plans from them).
+    # Eager loops pay for both only when a request asks; static-shape loops always run them (engine.py).
+    choices: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,15 +55,17 @@ def test_branches_at_every_position_equal_greedy_and_adopting_one_continues(orac
     model, directory = oracle
     engine = ahead_engine(directory)
     context = context_of(length, length)
-    first = engine.draft_batch([DraftRequest(context, K, "s")])[0]
-    assert first.tokens == hf_greedy(model, context, K)
+    plain = engine.draft_batch([DraftRequest(context, K, "s")])[0]
+    assert plain.choices == [] and plain.num_steps == K  # an eager loop ranks nothing unless asked
+    first = engine.draft_batch([DraftRequest(context, K, "s", choices=True)])[0]
+    assert first.tokens == plain.tokens == hf_greedy(model, context, K)
     assert len(first.choices) == K + 1 and all(len(c) == 3 for c in first.choices)
     predicted = outcomes_of(context, first)
-    branches = engine.draft_ahead("s", [DraftRequest(c, K) for c in predicted])
+    branches = engine.draft_ahead("s", [DraftRequest(c, K, choices=True) for c in predicted])
     assert len(branches) == K + 1
     for branch_context, branch in zip(predicted, branches, strict=True):
         assert branch.result.tokens == hf_greedy(model, branch_context, K)
-        assert branch.result.prefilled <= PAGE  # its partial page and its new token, never the prefix
+        assert branch.result.prefilled == 1  # its new token alone: the prefix shared, the partial page copied
     # The target kept 3 and added the runner-up: the session adopts that branch and grows from it.
     engine.branch_ops.adopt("s", branches[3].sequence)
     grown = predicted[3] + branches[3].result.tokens[:2] + [9]
@@ -82,10 +84,12 @@ def test_a_miss_drops_the_branches_and_two_sessions_sharing_a_prefix_stay_exact(
     shared = context_of(7, 40)
     contexts = {"a": shared + [1, 2, 3], "b": shared + [4]}
     for name, context in contexts.items():
-        result = engine.draft_batch([DraftRequest(context, K, name)])[0]
+        result = engine.draft_batch([DraftRequest(context, K, name, choices=True)])[0]
         predicted = outcomes_of(context, result)[::2]
         for branch_context, branch in zip(
-            predicted, engine.draft_ahead(name, [DraftRequest(c, K) for c in predicted]), strict=True
+            predicted,
+            engine.draft_ahead(name, [DraftRequest(c, K, choices=True) for c in predicted]),
+            strict=True,
         ):
             assert branch.result.tokens == hf_greedy(model, branch_context, K)
     assert set(engine.table.branches) == {"a", "b"}
@@ -100,17 +104,20 @@ def test_branches_go_first_under_pressure_and_never_evict_a_conversation(oracle)
     # 20 pages: two 100-token conversations with their drafts hold 14; branches take what is left.
     engine = ahead_engine(directory, max_seq_len=128, kv_cache_tokens=20 * PAGE)
     first = context_of(1, 100)
-    result = engine.draft_batch([DraftRequest(first, K, "one")])[0]
+    result = engine.draft_batch([DraftRequest(first, K, "one", choices=True)])[0]
     predicted = outcomes_of(first, result)
-    assert engine.draft_ahead("one", [DraftRequest(c, K) for c in predicted]) is not None
+    assert engine.draft_ahead("one", [DraftRequest(c, K, choices=True) for c in predicted]) is not None
     assert engine.table.branches
     second = context_of(2, 100)
     # The new conversation needs pages: the branches give theirs, the first conversation keeps its own.
     assert engine.draft_batch([DraftRequest(second, K, "two")])[0].tokens == hf_greedy(model, second, K)
     assert engine.table.counters.evicted_branches > 0 and engine.table.counters.evicted_sequences == 0
     # Now branches for "two" do not all fit beside both conversations: none is placed, nothing evicted.
-    result = engine.draft_batch([DraftRequest(second, K, "two")])[0]
-    assert engine.draft_ahead("two", [DraftRequest(c, K) for c in outcomes_of(second, result)]) is None
+    result = engine.draft_batch([DraftRequest(second, K, "two", choices=True)])[0]
+    assert (
+        engine.draft_ahead("two", [DraftRequest(c, K, choices=True) for c in outcomes_of(second, result)])
+        is None
+    )
     assert engine.table.counters.evicted_sequences == 0 and "two" not in engine.table.branches
     grown = first + [3]
     assert engine.draft_batch([DraftRequest(grown, K, "one")])[0].cached == len(first)
@@ -120,7 +127,7 @@ def test_a_stop_between_steps_leaves_no_branch_and_frees_its_pages(oracle):
     _, directory = oracle
     engine = ahead_engine(directory)
     context = context_of(3, 50)
-    result = engine.draft_batch([DraftRequest(context, K, "s")])[0]
+    result = engine.draft_batch([DraftRequest(context, K, "s", choices=True)])[0]
     free = engine.table.allocator.num_free
     asked = []
 
@@ -129,6 +136,6 @@ def test_a_stop_between_steps_leaves_no_branch_and_frees_its_pages(oracle):
         return len(asked) >= 2  # a real request arrived during the second step
 
     predicted = outcomes_of(context, result)
-    assert engine.draft_ahead("s", [DraftRequest(c, K) for c in predicted], stop) is None
+    assert engine.draft_ahead("s", [DraftRequest(c, K, choices=True) for c in predicted], stop) is None
     assert len(asked) == 2 and engine.table.branches == {}
     assert engine.table.allocator.num_free + len(engine.table.index.idle) >= free

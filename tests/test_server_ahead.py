@@ -105,3 +105,21 @@ def test_a_full_context_call_and_auto_k_stay_exact_with_branches_around(served):
         context = context + answer["tokens"] + [ranked_after(model, context + answer["tokens"])[0]]
         answer = post(client, {"tokens": context, "session": "ahead-2"}).json()  # v1: the whole context
         assert answer["tokens"] == hf_greedy(model, context, len(answer["tokens"]))
+
+
+def test_a_session_calling_sooner_than_a_loop_finishes_is_not_drafted_ahead_and_stays_exact(served):
+    """Back to back, no verify pass between calls: each ahead loop would be preempted by the next call, so
+    after the first one measures the engine's step time the server stops planning for this session."""
+    model, client = served
+    context, sent = list(range(200, 300)), []
+    before = ahead_info(client)
+    for _ in range(8):  # each call the moment the last is answered (the oracle runs after)
+        answer = client.post("/draft", json={"tokens": context, "session": "hasty", "num_draft_tokens": K})
+        sent.append((context, answer.json()["tokens"]))
+        context = context + sent[-1][1][:2] + [(context[-1] * 7 + 3) % 512]
+    info = ahead_info(client)
+    assert info["step_ms"] > 0
+    assert info["too_slow"] - before["too_slow"] >= 5, info  # of 7 calls after the first
+    assert info["plans"] - before["plans"] <= 2, info
+    for context, drafts in sent:
+        assert drafts == hf_greedy(model, context, K)

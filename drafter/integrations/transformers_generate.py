@@ -26,6 +26,8 @@ import torch
 from drafter.client import DraftClient
 
 DEFAULT_NUM_DRAFT_TOKENS = 8
+SERVER_STAGES = ("receive", "queue", "engine", "host")  # Server-Timing stages that add up to a call
+
 AUTO = "auto"
 
 
@@ -47,6 +49,8 @@ class SpeculationStats:
     accepted: list[int] = field(init=False)  # [k]: ... in which draft i was accepted
     draft_call_ms: list[float] = field(default_factory=list)  # per call, as the target waited for it
     draft_engine_ms: list[float] = field(default_factory=list)  # per call, the server's engine time in it
+    # per call, the server's whole time on it (Server-Timing: receive + queue + engine + host)
+    draft_server_ms: list[float] = field(default_factory=list)
     verify_ms: list[float] = field(default_factory=list)  # per round, the target's forward pass and choice
     round_log: list[tuple[int, int, bool]] = field(default_factory=list)  # per round: drafts, kept, called
     # per round: of its drafts, how many (the first ones) the server's suffix index made
@@ -186,8 +190,10 @@ def draft(
     answer = session.draft(context, k) if source is None else session.draft(context, k, source=source)
     stats.draft_call_ms.append((time.perf_counter() - started) * 1e3)
     stats.num_skipped += answer.skipped is not None
-    if "engine" in answer.server_timing_ms:
-        stats.draft_engine_ms.append(answer.server_timing_ms["engine"])
+    timing = answer.server_timing_ms
+    if "engine" in timing:
+        stats.draft_engine_ms.append(timing["engine"])
+        stats.draft_server_ms.append(sum(timing.get(stage, 0.0) for stage in SERVER_STAGES))
     drafts = answer.tokens[: room if k == AUTO else k]  # never trust a server to respect k
     if drafts and not 0 <= min(drafts) <= max(drafts) < vocab_size:
         raise ValueError(f"the drafter sent token ids outside the target's vocabulary [0, {vocab_size})")

@@ -44,14 +44,14 @@ class InlinePolicy:
     max_ms: float  # 0: never
     prefill_token_ms: float  # measured at startup
     policy: DraftLengthPolicy  # its fixed cost per call and its running step cost
-    decode_steps: Callable[[int], int]  # the loop's steps for a draft of k tokens
+    decode_steps: Callable[[int, bool], int]  # the loop's steps for a draft of k tokens (with top choices?)
     expected_prefill: Callable[[DraftRequest], int]  # uncached context tokens; read while the engine is idle
     off_because: str | None = None  # why max_ms is 0 though the setting is not
 
     def expected_ms(self, request: DraftRequest) -> float:
         return (
             self.policy.cost.draft_base_ms
-            + self.decode_steps(request.num_draft_tokens) * self.policy.step_ms
+            + self.decode_steps(request.num_draft_tokens, request.choices) * self.policy.step_ms
             + self.expected_prefill(request) * self.prefill_token_ms
         )
 

@@ -120,9 +120,10 @@ def answered(call, runtime: Runtime, result: DraftResult, pending, host_started:
 
 def submit(call: Call, runtime: Runtime) -> Pending:
     """Queue a prepared call for the engine, or the ApiError that says why not."""
+    choices = runtime.ahead is not None and runtime.ahead.wants_choices(call)
     try:
         return runtime.batcher.submit(
-            DraftRequest(call.engine_context, call.num_draft_tokens, call.params.session),
+            DraftRequest(call.engine_context, call.num_draft_tokens, call.params.session, choices),
             runtime.config.request_timeout_s,
         )
     except QueueFull:

@@ -60,6 +60,7 @@ async def info(request: Request) -> OrjsonResponse:
                 **runtime.ahead.ahead.describe(),
                 "branch_pages": runtime.engine.branch_pages,
                 "top_choices": runtime.engine.config.top_choices,
+                "step_ms": runtime.engine.ahead_step_ms,  # an ahead loop's wall time per decode step, lately
             }
         else:
             body["draft_ahead"] = {"branches_per_session": 0}

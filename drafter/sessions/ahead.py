@@ -3,7 +3,9 @@ verifies, and answer the next call from them with no engine work.
 
 The target keeps `a` of the k drafts and adds one token `b` of its own, so the next context is the last one,
 the first `a` drafts, then `b` (Speculative Speculative Decoding, Kumar et al. 2026; PEARL drafts only a = k).
-With the session's acceptance estimate p, P(a = j) = p^j (1 - p) for j < k and p^k for a = k. Given a < k,
+With c_i the chance the target keeps draft i once it reaches it (the drafter's probability of that draft,
+calibrated on the target's verdicts: drafter/sessions/calibration.py), P(a = j) = c_0 ... c_(j-1) (1 - c_j)
+for j < k and c_0 ... c_(k-1) for a = k. Given a < k,
 the target rejected draft j, so `b` is scored by the drafter's own probability of it renormalized without
 the draft (its top choices at position j, which the decode loop keeps); given a = k, by its probability
 after the last draft. The `budget` likeliest outcomes become branches (engine/ahead.py), each drafted to the
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from drafter.sessions.calibration import DraftCalibration
 from drafter.sessions.draft_length import Acceptance, DraftLengthPolicy, Load
 from engine.ahead import AheadBranch
 from engine.requests import DraftRequest, DraftResult
@@ -43,22 +46,23 @@ class Outcome:
 def outcomes(
     drafts: list[int],
     choices: list[list[tuple[int, float]]],  # per position 0..k: (id, probability), best first
-    p: float,
+    keeps: list[float],  # per draft: P(the target keeps it | it reaches it)
     budget: int,
     depth_for: Callable[[int, int], int],  # (a, context length) -> drafts the next call would ask
     context_len: int,
 ) -> list[Outcome]:
     """The `budget` likeliest (a, b) outcomes of a round that drafted `drafts`, likeliest first."""
     k = len(drafts)
-    scored = []
+    scored, reach = [], 1.0  # reach: P(the target gets to position a)
     for a in range(min(k, len(choices) - 1) + 1):
         if a < k:
             draft_prob = next((prob for token, prob in choices[a] if token == drafts[a]), 0.0)
             rest = max(1.0 - draft_prob, 1e-9)
-            p_a = p**a * (1.0 - p)
+            p_a = reach * (1.0 - keeps[a])
             scored += [(p_a * prob / rest, a, b) for b, prob in choices[a] if b != drafts[a]]
+            reach *= keeps[a]
         else:
-            scored += [(p**k * prob, a, b) for b, prob in choices[a]]
+            scored += [(reach * prob, a, b) for b, prob in choices[a]]
     best = heapq.nlargest(budget, scored)
     planned = [Outcome(a, b, score, depth_for(a, context_len + a + 1)) for score, a, b in best]
     return [outcome for outcome in planned if outcome.depth > 0]
@@ -76,6 +80,11 @@ class Plan:
     branches: dict[tuple[int, int], tuple[Outcome, AheadBranch]] = field(default_factory=dict)
     num_steps: int = 0
 
+    @property
+    def num_steps_needed(self) -> int:
+        """Decode steps of its loop: the deepest branch's drafts, and the step after them for its choices."""
+        return max(r.num_draft_tokens for r in self.requests) + 1
+
 
 @dataclass(slots=True)
 class AheadStats:
@@ -87,6 +96,7 @@ class AheadStats:
     hits: int = 0
     misses: int = 0  # calls of a session with branches that matched none
     not_ready: int = 0  # session calls that found no branches (none planned, preempted, still running)
+    too_slow: int = 0  # plans not drafted: the session's calls come sooner than an ahead loop would finish
     wasted_steps: int = 0  # decode steps of loops whose branches went unused
     hits_by_position: list[int] = field(default_factory=list)
 
@@ -104,6 +114,18 @@ class DraftAhead:
         self.max_seq_len, self.max_draft_tokens = max_seq_len, max_draft_tokens
         self.plans: dict[str, Plan] = {}  # drafted, waiting for the session's next call
         self.stats = AheadStats(hits_by_position=[0] * (max_draft_tokens + 1))
+        self.calibration = DraftCalibration()
+        self.sent: dict[str, list[float]] = {}  # session -> the drafter's probabilities of its last drafts
+
+    def answered(self, session: str, probs: list[float]) -> None:
+        """A session's model drafts went out with these probabilities: its next call's verdict calibrates."""
+        self.sent[session] = probs
+
+    def verdict(self, session: str, accepted: int | None) -> None:
+        """The session's next call: the target kept `accepted` of those drafts (None: not a verdict)."""
+        probs = self.sent.pop(session, None)
+        if probs and accepted is not None and accepted <= len(probs):
+            self.calibration.record(probs, accepted)
 
     def plan(
         self,
@@ -126,15 +148,25 @@ class DraftAhead:
                 return min(fixed_k, room)
             return self.policy.choose(acceptance.updated(len(drafts), accepted), IDLE, room)
 
-        planned = outcomes(drafts, result.choices, acceptance.p, self.budget, depth_for, len(context))
+        keeps = self.calibration.accept_probs(result.probs[: len(drafts)])
+        planned = outcomes(drafts, result.choices, keeps, self.budget, depth_for, len(context))
         if not planned:
             return None
         requests = [
-            DraftRequest(np.concatenate((context, drafts_array[: o.accepted], [o.bonus])), o.depth)
+            DraftRequest(
+                np.concatenate((context, drafts_array[: o.accepted], [o.bonus])), o.depth, choices=True
+            )
             for o in planned
         ]
-        self.stats.planned += 1
         return Plan(session, drafts_array, len(context), planned, requests)
+
+    def posted(self) -> None:
+        """A plan went to the engine."""
+        self.stats.planned += 1
+
+    def too_slow(self) -> None:
+        self.stats.too_slow += 1
+        self.metrics.ahead_plans.labels("too_slow").inc()
 
     def drafted(self, plan: Plan, branches: list[AheadBranch] | None, current: bool) -> bool:
         """The engine drafted `plan` (None: preempted or no room); keep it if `current` (its session has
@@ -193,6 +225,7 @@ class DraftAhead:
     def forget(self, session: str) -> None:
         """The session left the table."""
         self.plans.pop(session, None)
+        self.sent.pop(session, None)
 
     def describe(self) -> dict:
         s = self.stats
@@ -207,10 +240,12 @@ class DraftAhead:
             "plans": s.planned,
             "drafted": s.drafted,
             "preempted": s.preempted,
+            "too_slow": s.too_slow,
             "stale": s.stale,
             "branches_drafted": s.branches,
             "wasted_steps": s.wasted_steps,
             "sessions_with_branches": len(self.plans),
+            "calibration": self.calibration.describe(),
         }
 
 

@@ -61,6 +61,20 @@ class PagePool:
         for tensor in (*self.k, *self.v):
             tensor[slots] = 0
 
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy each (from, to) page's keys and values, in every layer (one indexed copy per layer tensor):
+        a branch forking inside its session's partly filled page (engine/ahead.py)."""
+        if not pairs:
+            return
+        sources, targets = (np.asarray(side, dtype=np.int64) for side in zip(*pairs, strict=True))
+        self.cleared[targets] = True
+        within = np.arange(self.page_size)
+        device = self.k[0].device
+        source_slots = torch.from_numpy((sources[:, None] * self.page_size + within).reshape(-1)).to(device)
+        target_slots = torch.from_numpy((targets[:, None] * self.page_size + within).reshape(-1)).to(device)
+        for tensor in (*self.k, *self.v):
+            tensor[target_slots] = tensor[source_slots]
+
     @property
     def tensors(self) -> tuple[LayerTensors, LayerTensors]:
         return self.k, self.v

@@ -17,8 +17,8 @@ Pages it will write must be its own: a page another sequence also holds is never
 prefix stops at that page's start (the partly matching page is recomputed, at most page_size - 1 tokens).
 
 A *branch* (engine/ahead.py) is a sequence drafted ahead for a session's likely next context: placed by
-content only (the session's full pages, through the prefix index; its partial page recomputed), never
-continued by a request, and kept apart until the session's next call adopts one (it becomes the session's
+content from its session's sequence (the full pages shared, the partly filled one copied: `Placement.copy`,
+which the engine applies before any write), never continued by a request, and kept apart until the session's next call adopts one (it becomes the session's
 sequence) or drops them all.
 
 When pages run out, branches go first, then idle indexed pages, then whole sequences not in the running
@@ -61,6 +61,7 @@ class Placement:
     reuse: int  # context tokens whose keys/values are already cached
     shared: int  # of those, tokens on pages found through the prefix index (other conversations' work)
     evicted: int  # sequences evicted to make room
+    copy: tuple[int, int] | None = None  # (from, to): a branch's partial page, to copy before any write
 
 
 @dataclass(slots=True)
@@ -128,6 +129,9 @@ class SequenceTable:
         reusable = len(tokens) - 1  # the last context token is always fed to the decode loop
         full_pages = reusable // size
         target, own = (None, -1) if branch_of else self.hinted(tokens, session, taken)
+        source, copied = None, None  # a branch: the session's sequence it forks from, its pages shared
+        if branch_of:
+            source, own = self.hinted(tokens, branch_of, set())
         if target is None and not branch_of:
             target, own = self.continues_latest(tokens, session, taken, full_pages)
         # A hinted or continued sequence holding every full page of the context leaves the index nothing to
@@ -135,13 +139,16 @@ class SequenceTable:
         matched = [] if own >= full_pages * size else self.index.match(tokens, full_pages)
         if target is None and not branch_of:
             target, own = self.continued(tokens, session, matched, taken)
-        if own >= len(matched) * size and target is not None:
-            kept, reuse = target.pages[: -(-own // size)], own
+        if own >= len(matched) * size and (target or source) is not None:
+            kept, reuse = (target or source).pages[: -(-own // size)], own
         else:
             kept, reuse = matched, len(matched) * size
         # A partly reused page is the continued sequence's own (index matches are whole pages); it is
-        # written from `reuse` on, so only if no other sequence holds it too.
-        if reuse % size and self.allocator.refs[kept[-1]] > 1:
+        # written from `reuse` on, so only if no other sequence holds it too. A branch copies its session's
+        # instead (one page, on the device) of recomputing up to page_size - 1 tokens before its loop.
+        if reuse % size and (source is not None or self.allocator.refs[kept[-1]] > 1):
+            if source is not None:
+                copied = kept[-1]
             kept, reuse = kept[:-1], reuse - reuse % size
         sequence = target or Sequence(tokens[:0])
         had, keeping = set(sequence.pages), set(kept)
@@ -165,6 +172,10 @@ class SequenceTable:
             raise
         sequence.pages += self.allocator.take(needed, kept[-1] if kept else None)
         self.allocator.refs[sequence.pages[len(kept) :]] += 1
+        if copied is not None:  # the copy holds the shared page's positions: reused as if kept
+            copied = (copied, sequence.pages[len(kept)])
+            reuse = own
+            sequence.tokens = tokens[:reuse].copy()
         if branch_of:
             sequence.branch_of, sequence.context_len = branch_of, len(tokens)
             self.branches.setdefault(branch_of, []).append(sequence)
@@ -172,7 +183,7 @@ class SequenceTable:
             self.bind(sequence, session, len(tokens))
         shared = min(reuse, len(newly) * size)
         self.counters.shared_tokens += shared
-        return Placement(sequence, reuse, shared, evicted)
+        return Placement(sequence, reuse, shared, evicted, copied)
 
     def reuse_estimate(self, tokens: np.ndarray, session: str | None) -> int:
         """About how many of the context's tokens `place` would find cached, by its cheap paths only: the

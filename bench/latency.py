@@ -14,7 +14,7 @@ draft length, concurrency. See bench/README.md for measured tables.
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
 import json
 import sys
 import tempfile
@@ -71,7 +71,17 @@ def parse_args(argv):
     parser.add_argument("--calls", type=int, help="measured calls per client and case")
     parser.add_argument("--bandwidth-gbs", type=float, help="memory bandwidth for the floor [measured]")
     parser.add_argument(
-        "--server-flags", default="", help="extra flags for the spawned server, e.g. '--draft-ahead=8'"
+        "--server-flags",
+        action="append",
+        help="extra flags for the spawned server, e.g. '--draft-ahead=8'; given again, one more http variant "
+        "(`http[FLAGS]`) on its own server, run side by side with the first: an A/B in one run",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run every case this many times, the variants in turn each time (fresh conversations), and "
+        "pool the calls: interleaving spreads a shared machine's noise over every variant alike [1]",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write results here")
@@ -97,11 +107,22 @@ def parse_args(argv):
     for name in args.variants:
         if name not in VARIANTS:
             parser.error(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+    args.server_flags = args.server_flags or [""]
+    if "http" in args.variants:  # one http variant per server
+        at = args.variants.index("http")
+        args.variants[at : at + 1] = [http_name(flags, i) for i, flags in enumerate(args.server_flags)]
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     if "graphs" in args.variants and not args.device.startswith("cuda"):
         parser.error("the graphs variant needs a CUDA device")
     if any(p not in PATTERNS for p in args.patterns):
         parser.error(f"--patterns takes {', '.join(PATTERNS)}")
     return args
+
+
+def http_name(flags: str, index: int) -> str:
+    """`http` for the first server, `http[FLAGS]` for each other (its flags set it apart)."""
+    return "http" if index == 0 else f"http[{flags}]"
 
 
 def sweep_cases(args) -> list[dict]:
@@ -150,15 +171,17 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
         )  # fmt: skip
         engine = Engine.load(args.model, config)
         engine.warmup()
-        run = lambda case: runners.run_lockstep(  # noqa: E731
-            runners.engine_round(engine, name),
-            conversations(case, vocab, args.seed),
+        run = lambda case, repeat: runners.run_lockstep(  # noqa: E731
+            runners.engine_round(engine, f"{name}-r{repeat}"),
+            conversations(case, vocab, args.seed + repeat),
             case["num_draft_tokens"],
             calls,
         )
         return run, engine.lifecycle.snapshot(), lambda: None
-    if name == "http":
-        server = None
+    if name.startswith("http"):
+        server, flags = None, next(f for i, f in enumerate(args.server_flags) if http_name(f, i) == name)
+        if args.url and flags:
+            raise SystemExit("--server-flags are for spawned servers, not --url")
         if not args.url:
             # As many torch threads as the in-process variants, so http minus eager is the HTTP path's cost
             # (the server's own default leaves one core to HTTP; on a 2-core machine that halves compute).
@@ -168,20 +191,26 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
                 f"--max-seq-len={sizes['max_seq_len']}", f"--max-batch-size={max(args.concurrency)}",
                 f"--attention={args.attention}", f"--max-draft-tokens={max(args.draft_lengths)}",
                 f"--max-queue={4 * max(args.concurrency)}", "--request-timeout-s=120",
-                *args.server_flags.split(),
+                *flags.split(),
             ], timeout_s=900).__enter__()  # fmt: skip
         url = args.url or server.url
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        run = lambda case: runners.run_http(  # noqa: E731
-            url, conversations(case, vocab, args.seed), case["num_draft_tokens"], calls, headers, name
+        run = lambda case, repeat: runners.run_http(  # noqa: E731
+            url,
+            conversations(case, vocab, args.seed + repeat),
+            case["num_draft_tokens"],
+            calls,
+            headers,
+            f"{name}-r{repeat}",
         )
-        return run, {"url": url, "spawned": server is not None}, server.close if server else lambda: None
+        info = {"url": url, "spawned": server is not None, "server_flags": flags}
+        return run, info, server.close if server else lambda: None
     model = baselines.load_hf_model(checkpoint, DTYPES[args.dtype], args.device)
     kind = baselines.HFGenerate if name == "hf-generate" else baselines.HFReuse
 
-    def run(case):
+    def run(case, repeat):
         drafters = [kind(model) for _ in range(case["concurrency"])]
-        convs = conversations(case, vocab, args.seed)
+        convs = conversations(case, vocab, args.seed + repeat)
         return runners.run_lockstep(
             runners.sequential_round(drafters), convs, case["num_draft_tokens"], calls
         )
@@ -205,39 +234,33 @@ def main(argv=None) -> int:
     del loaded
     measured = args.bandwidth_gbs is None
     bandwidth = machine.measure_bandwidth(args.device) if measured else args.bandwidth_gbs * 1e9
-    work = [(v, c) for v in args.variants for c in cases if applies(v, c)]
-    rows, variants = [], {}
-    with tempfile.TemporaryDirectory(prefix="drafter-bench-") as scratch:
+    work = [(v, c) for c in cases for v in args.variants if applies(v, c)]
+    latencies = {i: [] for i in range(len(work))}
+    variants, runs = {}, {}
+    with tempfile.TemporaryDirectory(prefix="drafter-bench-") as scratch, contextlib.ExitStack() as opened:
         checkpoint = write_preset(args.model, scratch) if is_preset(args.model) else args.model
-        with tqdm(total=len(work), desc="latency", unit="case", file=sys.stderr) as progress:
-            for variant in args.variants:
-                run, variants[variant], close = open_variant(variant, args, sizes, str(checkpoint))
-                try:
-                    for _, case in [w for w in work if w[0] == variant]:
-                        progress.set_postfix_str(f"{variant} {case['pattern']} ctx={case['context_len']}")
-                        floor = machine.floor_ms(
-                            weights, kv_per_position, bandwidth, case["context_len"], case["num_draft_tokens"],
-                            case["concurrency"],
-                        )  # fmt: skip
-                        step = machine.step_bytes(
-                            weights,
-                            kv_per_position,
-                            case["context_len"],
-                            case["num_draft_tokens"],
-                            case["concurrency"],
-                        )
-                        rows.append(
-                            report.summarize(
-                                {"variant": variant, **case, "step_mb": step / 1e6}, run(case), floor
-                            )
-                        )
-                        progress.update()
-                finally:
-                    close()
-                    del run
-                    gc.collect()
-                    if args.device.startswith("cuda"):
-                        torch.cuda.empty_cache()
+        for variant in args.variants:  # all open at once, so repeats can take them in turn
+            runs[variant], variants[variant], close = open_variant(variant, args, sizes, str(checkpoint))
+            opened.callback(close)
+        total = len(work) * args.repeats
+        with tqdm(total=total, desc="latency", unit="case", file=sys.stderr) as progress:
+            for repeat in range(args.repeats):
+                for i, (variant, case) in enumerate(work):
+                    progress.set_postfix_str(f"{variant} {case['pattern']} ctx={case['context_len']}")
+                    latencies[i] += runs[variant](case, repeat)
+                    progress.update()
+    rows = []
+    for i, (variant, case) in enumerate(work):
+        floor = machine.floor_ms(
+            weights, kv_per_position, bandwidth, case["context_len"], case["num_draft_tokens"],
+            case["concurrency"],
+        )  # fmt: skip
+        step = machine.step_bytes(
+            weights, kv_per_position, case["context_len"], case["num_draft_tokens"], case["concurrency"]
+        )
+        rows.append(
+            report.summarize({"variant": variant, **case, "step_mb": step / 1e6}, latencies[i], floor)
+        )
     report.add_ratios(rows)
     print(report.table(rows))
     print(f"\nfloor: {weights / 1e6:.1f} MB of weights + {kv_per_position} B of KV per position per step, "

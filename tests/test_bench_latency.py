@@ -105,6 +105,8 @@ def test_script_writes_the_json_and_plot_of_its_contract(tmp_path):
     out, png = tmp_path / "latency.json", tmp_path / "latency.png"
     command = [sys.executable, "bench/latency.py", "--quick", "--contexts", "64,256", "--draft-lengths", "4"]
     command += ["--concurrency", "1,2", "--calls", "3", "--json", str(out), "--plot", str(png)]
+    # An A/B in one run: a second server with other flags, every case twice with the variants in turn.
+    command += ["--server-flags=", "--server-flags=--draft-ahead=2", "--repeats", "2"]
     # PYTHONPATH: the script's `bench` imports must be this checkout's, whatever an installed copy says.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -113,7 +115,15 @@ def test_script_writes_the_json_and_plot_of_its_contract(tmp_path):
     assert {"device", "versions", "cpu_cores"} <= report["machine"].keys()
     assert report["config"]["model"] == "tiny" and report["config"]["bandwidth_bytes_per_s"] > 0
     rows = report["results"]
-    assert {r["variant"] for r in rows} == {"eager", "http", "hf-generate", "hf-reuse"}
+    assert {r["variant"] for r in rows} == {
+        "eager",
+        "http",
+        "http[--draft-ahead=2]",
+        "hf-generate",
+        "hf-reuse",
+    }
+    servers = report["config"]["variants"]
+    assert servers["http"]["server_flags"] == "" and servers["http[--draft-ahead=2]"]["spawned"]
     assert {r["pattern"] for r in rows} == {"growing", "cold", "shared"}
     assert all(r["concurrency"] > 1 for r in rows if r["pattern"] == "shared")
     assert all(r["step_mb"] > 0 for r in rows)
@@ -121,7 +131,7 @@ def test_script_writes_the_json_and_plot_of_its_contract(tmp_path):
     for row in rows:
         assert row.keys() >= RESULT_FIELDS
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
-        assert row["calls"] == 3 * row["concurrency"]
+        assert row["calls"] == 2 * 3 * row["concurrency"]  # repeats x calls x clients, pooled
         assert ("speedup_vs_hf_generate" in row) == (row["concurrency"] == 1)
     assert not any(r["variant"].startswith("hf-") and r["concurrency"] > 1 for r in rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

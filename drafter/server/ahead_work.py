@@ -113,9 +113,12 @@ class AheadWork:
 
     def ready_in_time(self, name: str, num_steps: int) -> bool:
         """Whether a loop of `num_steps` should finish before the session's next call, by what both took
-        lately; yes while either is unknown (a first loop measures the steps)."""
+        lately: not before the session's pace is known (its first call plans nothing), yes while no loop has
+        measured the engine's step time yet."""
         step_ms, gap_ms = self.engine.ahead_step_ms, self.gap_ms.get(name)
-        return step_ms is None or gap_ms is None or num_steps * step_ms <= gap_ms
+        if gap_ms is None:
+            return False
+        return step_ms is None or num_steps * step_ms <= gap_ms
 
     def forget(self, name: str) -> None:
         """The session left the table."""

@@ -105,7 +105,8 @@ OPTIONS: dict[str, tuple] = {
     "draft-ahead": (
         int,
         "branches per session drafted ahead while the engine idles: the likeliest next contexts (drafts "
-        "kept, the target's token), so the session's next call may be answered with no engine work; 0: off [0]",
+        "kept, the target's token), so the session's next call may be answered with no engine work; 0: off "
+        "[8, at most --max-batch-size]",
     ),
     "api-key": (
         str,

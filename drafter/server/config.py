@@ -22,6 +22,9 @@ MAX_UDS_PATH_BYTES = 108  # sockaddr_un's sun_path on Linux, terminating NUL inc
 
 # Top choices per position an engine drafting ahead keeps: a branch's bonus token is one of them.
 AHEAD_TOP_CHOICES = 4
+# Branches per session by default (bench/README.md, "Drafting ahead"): on, since a server whose sessions call
+# faster than an ahead loop runs (or that is under load) drafts nothing ahead, so it costs nothing there.
+DEFAULT_DRAFT_AHEAD = 8
 
 
 class ServerConfigError(ValueError):
@@ -62,10 +65,13 @@ class ServerConfig:
     suffix_tokens: int = 262144  # tokens all sessions' suffix indexes hold together; 0: no suffix drafts
     suffix_global_tokens: int = 65536  # tokens of recent responses in the shared suffix index; 0: none
     suffix_min_score: float = 0.0  # a hybrid draft starts with the suffix's only if its score reaches this
-    # Branches drafted ahead per session while the engine idles (drafter/sessions/ahead.py); 0: off.
-    draft_ahead: int = 0
+    # Branches drafted ahead per session while the engine idles (drafter/sessions/ahead.py); 0: off;
+    # None: DEFAULT_DRAFT_AHEAD, at most max_batch_size.
+    draft_ahead: int | None = None
 
     def __post_init__(self):
+        if self.draft_ahead is None:
+            object.__setattr__(self, "draft_ahead", min(DEFAULT_DRAFT_AHEAD, self.max_batch_size))
         if not self.model:
             raise ServerConfigError("model must be a preset name or a checkpoint directory")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:

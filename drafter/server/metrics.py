@@ -171,7 +171,8 @@ class Metrics:
             "drafter_ahead_plans",
             "Sessions' branch sets drafted ahead, by outcome: drafted (kept for the next call), preempted (a "
             "real request came first, or no room beside the cached conversations), stale (the session moved on), "
-            "too_slow (not drafted: the session's calls come sooner than a loop would finish)",
+            "too_slow (not drafted: the session's calls come sooner than a loop would finish, or its pace is "
+            "not known yet: its first call)",
             ["outcome"],
             registry=registry,
         )

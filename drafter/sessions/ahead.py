@@ -96,7 +96,9 @@ class AheadStats:
     hits: int = 0
     misses: int = 0  # calls of a session with branches that matched none
     not_ready: int = 0  # session calls that found no branches (none planned, preempted, still running)
-    too_slow: int = 0  # plans not drafted: the session's calls come sooner than an ahead loop would finish
+    too_slow: int = (
+        0  # not planned: the session's calls come sooner than a loop would finish (or pace unknown)
+    )
     wasted_steps: int = 0  # decode steps of loops whose branches went unused
     hits_by_position: list[int] = field(default_factory=list)
 

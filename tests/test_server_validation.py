@@ -45,6 +45,13 @@ BAD_BODIES = {
     "token past vocab": ({"tokens": [1024]}, 400, "tokens", "[0, 1024)"),
     "token past int64": ({"tokens": [1, 2**64 - 1]}, 400, "tokens", "[0, 1024)"),  # JSON allows it
     "token huge": (b'{"tokens": [100000000000000000000000]}', 400, "tokens", "integers"),
+    # Past FEW_TOKENS the list is checked through numpy, not item by item: the same answers.
+    "long: token is bool": ({"tokens": [1] * 40 + [True]}, 400, "tokens", "integers"),
+    "long: token is float": ({"tokens": [1] * 40 + [2.0]}, 400, "tokens", "integers"),
+    "long: token is string": ({"tokens": [1] * 40 + [MARKER]}, 400, "tokens", "integers"),
+    "long: token negative": ({"tokens": [1] * 40 + [-1]}, 400, "tokens", "[0, 1024)"),
+    "long: token past vocab": ({"tokens": [1] * 40 + [1024]}, 400, "tokens", "[0, 1024)"),
+    "long: token past int64": ({"tokens": [1] * 40 + [2**64 - 1]}, 400, "tokens", "[0, 1024)"),
     "context too long": (
         {"tokens": [1] * 500, "num_draft_tokens": 16},
         400,

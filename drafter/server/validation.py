@@ -75,6 +75,9 @@ def check_content_length(header: str | None, max_body_bytes: int) -> None:
         raise too_large(max_body_bytes)
 
 
+FEW_TOKENS = 32  # up to this many are checked in Python: a v2 body of 8 tokens parses in 5.5 us, not 10.8
+
+
 def is_int(value) -> bool:
     return type(value) is int  # bool is a subclass of int; JSON true is not a token id or a count
 
@@ -175,20 +178,33 @@ def parse_tokens(tokens, prefix_len: int | None, num_draft_tokens: int, limits: 
         )
     if not tokens:
         return np.zeros(0, dtype=np.int64)
-    not_integers = invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
-    out_of_range = invalid(f"every token id must be in [0, {limits.vocab_size})", "tokens")
+    vocab = limits.vocab_size
+    if len(tokens) <= FEW_TOKENS:  # a v2 call's new tokens: plain Python beats numpy's fixed costs
+        if not all(type(token) is int for token in tokens):
+            raise not_integers()
+        if not all(0 <= token < vocab for token in tokens):
+            raise out_of_range(vocab)
+        return np.array(tokens, dtype=np.int64)
     try:  # one C-level pass that refuses floats, strings, null, lists and objects
         ids = np.frombuffer(array.array("q", tokens), dtype=np.int64)
     except TypeError:
-        raise not_integers from None
+        raise not_integers() from None
     except OverflowError:  # orjson reads integers up to 2**64 - 1; int64 holds less
-        raise out_of_range from None
+        raise out_of_range(vocab) from None
     # array('q') takes JSON true and false for 1 and 0 (bool is an int): only those ids need a look.
     if any(type(tokens[i]) is not int for i in np.flatnonzero(ids <= 1)):
-        raise not_integers
-    if ids.view(np.uint64).max() >= limits.vocab_size:  # a negative id wraps past every vocabulary
-        raise out_of_range
+        raise not_integers()
+    if ids.view(np.uint64).max() >= vocab:  # a negative id wraps past every vocabulary
+        raise out_of_range(vocab)
     return ids
+
+
+def not_integers() -> ApiError:
+    return invalid("tokens must contain only integers (not booleans, floats or strings)", "tokens")
+
+
+def out_of_range(vocab_size: int) -> ApiError:
+    return invalid(f"every token id must be in [0, {vocab_size})", "tokens")
 
 
 def parse_session(session) -> str | None:

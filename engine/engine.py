@@ -18,7 +18,6 @@ import time
 import numpy as np
 import torch
 
-from engine import compile as compile_step
 from engine.ahead import AheadBranch, BranchOps, top_choices
 from engine.cache.pool import PagePool, bytes_per_token
 from engine.cache.sequences import CacheFull, SequenceTable
@@ -33,6 +32,7 @@ from engine.prefill import PrefillRow, contiguous, prefill
 from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
 from engine.tiers import decode_steps
+from engine.warmup import Warmup
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 AHEAD_STEP_EWMA = 0.2  # weight of the newest ahead loop in `ahead_step_ms`
 
 
-class Engine:
+class Engine(Warmup):
     def __init__(self, loaded: LoadedModel, config: EngineConfig, lifecycle: Lifecycle | None = None):
         self.config = config
         self.loaded = loaded
@@ -95,89 +95,6 @@ class Engine:
         with lifecycle.stage(State.LOADING):
             loaded = load_model(source, DTYPES[config.dtype], config.device)
             return cls(loaded, config, lifecycle)
-
-    # -- warmup ---------------------------------------------------------------------------------------
-
-    def warmup(self) -> dict:
-        """Compile and capture everything the hot path will run, so no request pays for it; observable
-        through `lifecycle`. A failed compile or capture falls back to the slower path instead of failing."""
-        try:
-            if self.config.compile:
-                with self.lifecycle.stage(State.COMPILING):
-                    self.compile()
-            if self.config.cuda_graphs:
-                with self.lifecycle.stage(State.CAPTURING):
-                    self.capture_cuda_graphs()
-            self.run_warmup_draft()
-            if self.static_shapes:
-                self.recompiles.arm()  # every shape has run once: any compile from now on is a miss
-        except Exception as error:  # noqa: BLE001 - anything here leaves the engine unusable
-            self.lifecycle.fail(f"warmup failed: {type(error).__name__}: {error}")
-            raise
-        self.lifecycle.state = State.READY
-        return self.lifecycle.snapshot()
-
-    @property
-    def spans(self) -> tuple[int, ...]:
-        """The kv_len values static-shape loops are built for: sdpa's power-of-two spans, or flex's one."""
-        return (0,) if self.flex_pages else self.config.kv_buckets
-
-    def compile(self, backend="inductor") -> None:
-        """Compile the decode step and run every shape warmup covers once (a graph per batch bucket and
-        span); `backend` is for tests that trace the graphs."""
-        try:
-            step = compile_step.compiled(
-                self.step,
-                num_shapes=len(self.buffers) * len(self.spans),
-                static=self.flex_pages is not None,
-                backend=backend,
-            )
-            for bucket in self.buffers.values():
-                for kv_len in self.spans:
-                    self.reset_buffers(bucket)
-                    run_loop(
-                        step, bucket, 1, kv_len, self.rope, self.pool.tensors, flex_pages=self.flex_pages
-                    )
-            self.step, self.static_shapes = step, True
-        except Exception as error:  # noqa: BLE001 - compile failures vary by backend; eager still works
-            self.lifecycle.fall_back(f"torch.compile failed, serving eager: {type(error).__name__}: {error}")
-
-    def capture_cuda_graphs(self) -> None:
-        from engine.cuda_graphs import CapturedLoops
-
-        graphs = CapturedLoops()
-        try:
-            for bucket in self.buffers.values():
-                self.reset_buffers(bucket)
-            steps = [decode_steps(tier, None, ahead=True) for tier in self.config.tiers]
-            graphs.capture(
-                self.step, self.buffers, self.spans, steps, self.rope, self.pool.tensors, self.flex_pages
-            )
-        except Exception as error:  # noqa: BLE001 - a failed capture must not take the server down
-            self.lifecycle.fall_back(f"CUDA graph capture failed, serving without graphs: {error}")
-            return
-        self.graphs, self.static_shapes = graphs, True
-        self.lifecycle.captured = graphs.describe(self.spans, self.config.tiers)
-
-    def reset_buffers(self, buffers: DecodeBuffers) -> None:
-        """Point every row at the scratch page, so warmup and capture never write a conversation's cache."""
-        buffers.fill([], [], [])
-
-    def run_warmup_draft(self) -> None:
-        """One prefill pass and one decode loop on the scratch page: first-call costs (allocator, kernels)."""
-        scratch = [0] * self.config.max_pages_per_seq
-        prefill(
-            self.model,
-            [PrefillRow(scratch, np.zeros(8, dtype=np.int64), 0)],
-            self.config.prefill_chunk,
-            self.config.page_size,
-            self.rope,
-            self.pool.tensors,
-        )
-        bucket = self.buffers[self.config.buckets[0]]
-        self.reset_buffers(bucket)
-        steps = self.decode_steps(self.config.max_draft_tokens)
-        self.run_decode(bucket, steps, self.kv_span(steps))
 
     def reset_cache(self) -> None:
         """Forget every cached conversation (the pool's contents are simply no longer referenced)."""

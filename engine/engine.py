@@ -77,7 +77,7 @@ class Engine(Warmup):
         self.step = functools.partial(
             greedy_step, self.model, config.attention, config.page_size, config.top_choices
         )
-        # Eager loops rank top choices only for batches that ask (`DraftRequest.choices`): ~10% of a CPU step.
+        # Eager loops rank top choices only for batches that ask (`DraftRequest.choices`).
         self.plain_step = functools.partial(greedy_step, self.model, config.attention, config.page_size, 0)
         self.flex_pages = num_pages if config.attention == "flex" else None
         self.graphs = None  # CapturedLoops once captured

@@ -27,7 +27,6 @@ from drafter.client import DraftClient
 
 DEFAULT_NUM_DRAFT_TOKENS = 8
 SERVER_STAGES = ("receive", "queue", "engine", "host")  # Server-Timing stages that add up to a call
-
 AUTO = "auto"
 
 

@@ -96,9 +96,8 @@ class AheadStats:
     hits: int = 0
     misses: int = 0  # calls of a session with branches that matched none
     not_ready: int = 0  # session calls that found no branches (none planned, preempted, still running)
-    too_slow: int = (
-        0  # not planned: the session's calls come sooner than a loop would finish (or pace unknown)
-    )
+    # not planned: the session's calls come sooner than a loop would finish (or its pace is not known yet)
+    too_slow: int = 0
     wasted_steps: int = 0  # decode steps of loops whose branches went unused
     hits_by_position: list[int] = field(default_factory=list)
 

@@ -18,8 +18,8 @@ prefix stops at that page's start (the partly matching page is recomputed, at mo
 
 A *branch* (engine/ahead.py) is a sequence drafted ahead for a session's likely next context: placed by
 content from its session's sequence (the full pages shared, the partly filled one copied: `Placement.copy`,
-which the engine applies before any write), never continued by a request, and kept apart until the session's next call adopts one (it becomes the session's
-sequence) or drops them all.
+which the engine applies before any write), never continued by a request, and kept apart until the
+session's next call adopts one (it becomes the session's sequence) or drops them all.
 
 When pages run out, branches go first, then idle indexed pages, then whole sequences not in the running
 batch, least recently used first; placing a branch never evicts anything but other branches and idle
@@ -144,18 +144,18 @@ class SequenceTable:
         else:
             kept, reuse = matched, len(matched) * size
         # A partly reused page is the continued sequence's own (index matches are whole pages); it is
-        # written from `reuse` on, so only if no other sequence holds it too. A branch copies its session's
-        # instead (one page, on the device) of recomputing up to page_size - 1 tokens before its loop.
-        if reuse % size and (source is not None or self.allocator.refs[kept[-1]] > 1):
-            if source is not None:
-                copied = kept[-1]
+        # written from `reuse` on, so only if no other sequence holds it too. A branch never writes its
+        # session's: it gets a copy (one page, on the device) instead of recomputing up to page_size - 1 tokens.
+        if reuse % size and source is not None:
+            copied, kept = kept[-1], kept[:-1]
+        elif reuse % size and self.allocator.refs[kept[-1]] > 1:
             kept, reuse = kept[:-1], reuse - reuse % size
         sequence = target or Sequence(tokens[:0])
         had, keeping = set(sequence.pages), set(kept)
         newly = [page for page in kept if page not in had]
         self.hold(newly)
         self.release([page for page in sequence.pages if page not in keeping])
-        if reuse % size:
+        if reuse % size and copied is None:
             self.index.forget(kept[-1])  # its unreused positions are about to be overwritten
         sequence.tokens, sequence.pages = tokens[:reuse].copy(), list(kept)
         taken.add(id(sequence))
@@ -172,10 +172,8 @@ class SequenceTable:
             raise
         sequence.pages += self.allocator.take(needed, kept[-1] if kept else None)
         self.allocator.refs[sequence.pages[len(kept) :]] += 1
-        if copied is not None:  # the copy holds the shared page's positions: reused as if kept
+        if copied is not None:  # the first new page receives the copy: its positions count as reused
             copied = (copied, sequence.pages[len(kept)])
-            reuse = own
-            sequence.tokens = tokens[:reuse].copy()
         if branch_of:
             sequence.branch_of, sequence.context_len = branch_of, len(tokens)
             self.branches.setdefault(branch_of, []).append(sequence)

@@ -14,7 +14,7 @@ draft length, concurrency. See bench/README.md for measured tables.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import gc
 import json
 import sys
 import tempfile
@@ -234,21 +234,37 @@ def main(argv=None) -> int:
     del loaded
     measured = args.bandwidth_gbs is None
     bandwidth = machine.measure_bandwidth(args.device) if measured else args.bandwidth_gbs * 1e9
-    work = [(v, c) for c in cases for v in args.variants if applies(v, c)]
+    # One run: each variant's cases together, each variant open only while it runs (GPU memory holds one
+    # engine at a time). Repeats: the variants take turns case by case, so all are open at once.
+    if args.repeats == 1:
+        work = [(v, c) for v in args.variants for c in cases if applies(v, c)]
+    else:
+        work = [(v, c) for c in cases for v in args.variants if applies(v, c)]
+    schedule = [(repeat, i) for repeat in range(args.repeats) for i in range(len(work))]
+    last_use = {work[i][0]: n for n, (_, i) in enumerate(schedule)}
     latencies = {i: [] for i in range(len(work))}
-    variants, runs = {}, {}
-    with tempfile.TemporaryDirectory(prefix="drafter-bench-") as scratch, contextlib.ExitStack() as opened:
+    variants, opened = {}, {}  # variant -> (run, close) while open
+    with tempfile.TemporaryDirectory(prefix="drafter-bench-") as scratch:
         checkpoint = write_preset(args.model, scratch) if is_preset(args.model) else args.model
-        for variant in args.variants:  # all open at once, so repeats can take them in turn
-            runs[variant], variants[variant], close = open_variant(variant, args, sizes, str(checkpoint))
-            opened.callback(close)
-        total = len(work) * args.repeats
-        with tqdm(total=total, desc="latency", unit="case", file=sys.stderr) as progress:
-            for repeat in range(args.repeats):
-                for i, (variant, case) in enumerate(work):
+        try:
+            with tqdm(total=len(schedule), desc="latency", unit="case", file=sys.stderr) as progress:
+                for n, (repeat, i) in enumerate(schedule):
+                    variant, case = work[i]
+                    if variant not in opened:
+                        run, variants[variant], close = open_variant(variant, args, sizes, str(checkpoint))
+                        opened[variant] = (run, close)
+                        del run, close  # the only references left are in `opened`, so closing frees them
                     progress.set_postfix_str(f"{variant} {case['pattern']} ctx={case['context_len']}")
-                    latencies[i] += runs[variant](case, repeat)
+                    latencies[i] += opened[variant][0](case, repeat)
                     progress.update()
+                    if n == last_use[variant]:
+                        opened.pop(variant)[1]()
+                        gc.collect()
+                        if args.device.startswith("cuda"):
+                            torch.cuda.empty_cache()
+        finally:
+            for _, close in opened.values():
+                close()
     rows = []
     for i, (variant, case) in enumerate(work):
         floor = machine.floor_ms(

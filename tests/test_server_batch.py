@@ -89,6 +89,28 @@ def test_batch_a_bad_row_is_its_own_error(client):
     assert [results[0]["tokens"], results[5]["tokens"]] == [oracle.draft(c, 3) for c in good]
 
 
+def test_a_session_token_of_any_characters_is_a_wrong_token_for_every_route(client):
+    oracle, good = main_oracle(), contexts(2)
+    first = client.post(
+        "/draft", json={"tokens": good[0], "num_draft_tokens": 3, "session": "any-characters"}
+    )
+    assert first.status_code == 200
+    wrong = {"session": "any-characters", "session_token": "é", "prefix_len": 5, "tokens": [6]}
+    response = client.post("/draft", json=wrong)
+    assert response.status_code == 409 and response.json()["error"]["type"] == "session_unknown"
+    rows = [{"tokens": good[1], "num_draft_tokens": 3}, wrong, {**wrong, "session_token": "\u2603" * 22}]
+    results = batch(client, rows).json()["results"]
+    assert [r["status"] for r in results] == [200, 409, 409]
+    assert results[0]["tokens"] == oracle.draft(good[1], 3)
+    for raw in (b"\xe9", b"\xff", b"\xc3\xa9" * 11):
+        closed = client.delete("/sessions/any-characters", headers={"Drafter-Session-Token": raw})
+        assert closed.status_code == 404 and closed.json()["error"]["type"] == "session_unknown"
+    token = first.json()["session_token"]
+    assert (
+        client.delete("/sessions/any-characters", headers={"Drafter-Session-Token": token}).status_code == 204
+    )
+
+
 @pytest.mark.parametrize(
     "content, content_type, status",
     [

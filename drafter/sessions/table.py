@@ -63,6 +63,14 @@ class Session:
         return self.context_len + len(self.drafts)
 
 
+def token_matches(session: Session | None, token: str) -> bool:
+    """Whether `token` is the session's, in constant time. As bytes: a token from a JSON body or a header may
+    hold any character, and compare_digest refuses non-ASCII str."""
+    return session is not None and secrets.compare_digest(
+        session.token.encode(), token.encode("utf-8", "replace")
+    )
+
+
 def new_buffer(length: int, max_len: int) -> np.ndarray:
     return np.empty(min(max(2 * length, MIN_CAPACITY), max(max_len, length)), dtype=np.int64)
 
@@ -122,7 +130,7 @@ class SessionTable:
         """A v2 call's session and whole context (the sequence's first prefix_len tokens, then new_tokens),
         or SessionUnknown. The call then holds the session until `commit` or `release`."""
         session = self.get(name)
-        if session is None or not secrets.compare_digest(session.token, token):
+        if not token_matches(session, token):
             raise SessionUnknown
         if prefix_len > session.sequence_len:
             raise SessionUnknown
@@ -191,7 +199,7 @@ class SessionTable:
 
     def close(self, name: str, token: str) -> bool:
         session = self.get(name)
-        if session is None or not secrets.compare_digest(session.token, token):
+        if not token_matches(session, token):
             return False
         del self.sessions[name]
         self.on_drop(name)

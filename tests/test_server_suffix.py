@@ -174,3 +174,21 @@ def test_closing_a_session_frees_its_index(served):
         session.close()
         after = indexed(client)["local"]
     assert after["sessions"] == held["sessions"] - 1 and after["tokens"] < held["tokens"]
+
+
+def test_a_rebuilt_session_gives_its_prompt_to_no_other_call(served):
+    """Another client that knows only a session's name rebuilds it with its own prompt: the global index does
+    not take that prompt for a response, so no sessionless call drafts it back."""
+    model, url = served
+    rng = random.Random(11)
+    first = [rng.randrange(model.config.vocab_size) for _ in range(30)]
+    prompt = [rng.randrange(model.config.vocab_size) for _ in range(200)]
+    with DraftClient(url, timeout_s=30) as client, httpx.Client(base_url=url, timeout=30) as http:
+        before = indexed(client)["global"]["tokens"]
+        for context in (first, prompt):
+            body = {"tokens": context, "num_draft_tokens": 4, "session": "rebuilt", "source": "hybrid"}
+            assert http.post("/draft", json=body).status_code == 200
+        assert indexed(client)["global"]["tokens"] == before
+        probe = {"tokens": prompt[90:100], "num_draft_tokens": 8, "source": "suffix"}
+        drafted = http.post("/draft", json=probe).json()["tokens"]
+    assert not drafted or drafted != prompt[100 : 100 + len(drafted)]

@@ -205,10 +205,25 @@ class Speculation:
             fields["session_token"] = token
             if params.close:
                 self.sessions.close(params.session, token)
-            elif call.wanted != MODEL and self.sessions.sessions.get(params.session) is not None:
-                # Indexed later, off this call's path; only sessions that draft from the index pay for it.
-                self.suffix.update(params.session, call.context)
+            elif self.suffix is not None:
+                self.index(call)
         return fields
+
+    def index(self, call: Call) -> None:
+        """Give the session's new context to the suffix index (indexed later, off this call's path), only as
+        the session table committed it: a v2 call whose session was rebuilt while it drafted wrote nothing,
+        and its context must not reach the index the new session reads. A rebuild (a full-context call)
+        starts the session's indexing anew, as a first call: what it sent is a prompt, never a response.
+        Only sessions that draft from the index pay for it."""
+        name, rebuild = call.params.session, call.params.prefix_len is None
+        stored = self.sessions.sessions.get(name)
+        if stored is None or not (rebuild or stored is call.session):
+            return
+        if call.wanted == MODEL:
+            if rebuild:
+                self.suffix.drop(name)  # whatever an earlier session of this name had indexed
+            return
+        self.suffix.update(name, call.context, first_call=rebuild)
 
     def abandon(self, call: Call) -> None:
         if not call.settled and call.params.prefix_len is not None:

@@ -6,7 +6,8 @@ What goes where (as SuffixDecoding and arctic-inference's `SuffixDecodingCache` 
   the conversation added since. It is freed with its session (`drop`), and all local indexes together hold
   at most `local_tokens` tokens: past that, the least recently updated session's index goes first.
 - the **global index** holds each session's *response*: what its context added after its first call (the
-  prompt stays private to its session). At most `global_tokens` tokens; past that, the oldest
+  prompt stays private to its session). A full-context call that rebuilds a session is a first call again:
+  its context is a prompt, never a response. At most `global_tokens` tokens; past that, the oldest
   conversation's response goes first. 0 turns it off. Anyone's lookup may draft from it: a server shared
   by tenants who must not see each other's text should turn it off.
 A lookup takes the best-scoring draft of the two indexes (the local one on a tie), as arctic does. Only
@@ -17,9 +18,11 @@ Why later and in slices: indexing costs ~20 us a token in Python, an 8k-token pr
 the event loop runs other requests in between and no call waits for more than one slice. Until it is
 done a lookup sees the index as far as it got: a prefix of a context this session really sent.
 
-Whose text a lookup may read: a session's local index only ever holds tokens its own calls sent. A
-full-context call (no session token) reads it only when the index holds a prefix of the very context
-that call sent, so naming someone else's session never reveals their text.
+Whose text a lookup may read: a session's local index only ever holds tokens its own calls sent, as the
+session table committed them (drafter.sessions.speculation gives it nothing else). A full-context call (no
+session token) reads it only when the index holds a prefix of the very context that call sent, and a
+rebuild keeps of it only what the rebuilding call sent, so naming someone else's session never reveals
+their text.
 """
 
 from __future__ import annotations
@@ -123,13 +126,18 @@ class SuffixDrafts:
             )
         return bound
 
-    def update(self, session: str, context: np.ndarray) -> None:
-        """The session's context is now `context` (a view nobody writes again): index it later (`work`)."""
+    def update(self, session: str, context: np.ndarray, first_call: bool = False) -> None:
+        """The session's context is now `context` (a view nobody writes again): index it later (`work`).
+        `first_call`: a full-context call (re)built the session, perhaps another client knowing only its
+        name, so `context` is a prompt: none of it goes to the global index, and the local index keeps only
+        what it shares with `context` (what that call itself sent)."""
         conversation = self.conversations.get(session)
         if conversation is None:
             conversation = self.conversations[session] = _Conversation(self.rules.max_depth, context)
         else:
             self.conversations.move_to_end(session)
+            if first_call:
+                self._detach_response(conversation)
             # What the index holds of the old context and the new one shares stays; the rest is undone now,
             # so the index never holds tokens outside the session's context (see `_truncate` for the cost).
             # Two views of one session buffer share their common length (a buffer's head is never rewritten).
@@ -139,6 +147,8 @@ class SuffixDrafts:
                 keep = common_prefix(conversation.target, context, conversation.indexed)
             self._truncate(conversation, keep)
             conversation.target = context
+            if first_call:
+                conversation.prompt_len = len(context)
         if conversation.indexed < self._goal(conversation):
             self.pending[session] = None
             self.pending.move_to_end(session)
@@ -150,8 +160,14 @@ class SuffixDrafts:
         self.pending.pop(session, None)
         if conversation is not None:
             self.num_local -= conversation.indexed
-            if conversation.global_seq is not None:
-                self.global_owner[conversation.global_seq] = None  # nobody extends it any more
+            self._detach_response(conversation)  # nobody extends it any more
+
+    def _detach_response(self, conversation: _Conversation) -> None:
+        """The conversation's response so far stays in the global index as a past one's, until evicted; what
+        it adds from now on starts a new response."""
+        if conversation.global_seq is not None:
+            self.global_owner[conversation.global_seq] = None
+            conversation.global_seq = None
 
     def _goal(self, conversation: _Conversation) -> int:
         """How much of its context a session's index holds once its work is done: all of it, up to the
@@ -206,9 +222,7 @@ class SuffixDrafts:
             conversation.local = SuffixIndex(self.rules.max_depth)
             conversation.local.add()
             conversation.indexed = 0
-            if conversation.global_seq is not None:
-                self.global_owner[conversation.global_seq] = None  # its later tokens go to a new sequence
-                conversation.global_seq = None
+            self._detach_response(conversation)  # its later tokens go to a new sequence
             conversation.prompt_len = max(conversation.prompt_len, keep)  # the old response keeps up to keep
             return
         conversation.local.truncate(0, keep)

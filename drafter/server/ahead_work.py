@@ -42,12 +42,15 @@ class AheadWork:
     def answer(self, call: Call) -> tuple[DraftResult | None, str]:
         """The call's drafts from a branch, or None; and hit, miss or none for Server-Timing."""
         name = call.params.session
-        self.calls[name] = self.calls.get(name, 0) + 1
-        answered = self.answered_at.get(name)
-        if answered is not None:
-            gap = (asyncio.get_running_loop().time() - answered) * 1e3
-            old = self.gap_ms.get(name)
-            self.gap_ms[name] = gap if old is None else old + GAP_EWMA * (gap - old)
+        # Only a session in the table is tracked: its `forget` comes when it leaves. A name whose first call
+        # fails (429, 504, client gone) never enters it, and must leave nothing behind.
+        if call.session is not None:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            answered = self.answered_at.get(name)
+            if answered is not None:
+                gap = (asyncio.get_running_loop().time() - answered) * 1e3
+                old = self.gap_ms.get(name)
+                self.gap_ms[name] = gap if old is None else old + GAP_EWMA * (gap - old)
         self.batcher.cancel_background(name)  # a plan not yet started is for a round now over
         drafts = call.session.drafts if call.session is not None else None
         k = 0 if call.head.tokens else call.num_draft_tokens  # a suffix head: not the model's alone
@@ -73,10 +76,10 @@ class AheadWork:
     def after(self, call: Call, result: DraftResult) -> None:
         """Plan the session's next round, once its answer is out (called soon after, on the loop)."""
         params, batcher = call.params, self.batcher
-        self.answered_at[params.session] = asyncio.get_running_loop().time()
         session = self.sessions.sessions.get(params.session)
-        if session is None:
+        if session is None:  # closed with this call, or gone since: nothing to track
             return
+        self.answered_at[params.session] = asyncio.get_running_loop().time()
         self.ahead.verdict(params.session, call.accepted)  # on the last drafts: here, off the call's path
         if not call.head.tokens:  # the model's own drafts, as sent: the next call's verdict calibrates
             self.ahead.answered(params.session, result.probs[: len(session.drafts)])

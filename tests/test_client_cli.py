@@ -41,6 +41,7 @@ def test_cli_speculates_through_the_server_and_matches(target_drafters, target_d
     assert "9.00 tokens per round of at most 9 over 3 rounds, 0 draft calls skipped" in done.stdout, (
         done.stdout
     )
+    assert "note: the target kept every draft, as it does when it is the drafter's own model" in done.stdout
     assert "output matched: yes" in done.stdout
 
 

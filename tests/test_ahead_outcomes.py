@@ -84,3 +84,33 @@ def test_a_verdict_counts_the_kept_drafts_and_the_first_rejected_one_only():
     calibration.record(list(itertools.repeat(0.05, 3)), 3)  # all kept: none rejected
     [low] = calibration.bins([0.05])
     assert calibration.seen[low] == 3 and calibration.kept[low] == 3
+
+
+def test_a_pair_that_keeps_unsure_drafts_is_learned_from_its_first_verdicts():
+    """The cold start the issue measured: a drafter unsure of its drafts (q 0.05-0.35) and a target that keeps
+    all 8 of them. After two such rounds, the all-kept outcome is the likeliest plan of the third: every
+    bin learns how this pair departs from q from all verdicts together, not only from its own."""
+    rng = np.random.default_rng(3)
+    calibration = DraftCalibration()
+    k, budget = 8, 8
+    for _ in range(2):
+        calibration.record(rng.uniform(0.05, 0.35, k).tolist(), k)
+    probs = rng.uniform(0.05, 0.35, k).tolist()  # this round's drafts, in bins that may have no verdict yet
+    drafts = list(range(100, 100 + k))
+    choices = [
+        [(d, q), (d + 50, (1 - q) / 2), (d + 60, (1 - q) / 3)] for d, q in zip(drafts, probs, strict=True)
+    ]
+    choices.append([(7, 0.4), (8, 0.3)])
+    planned = outcomes(drafts, choices, calibration.accept_probs(probs), budget, lambda a, n: 4, 100)
+    assert (planned[0].accepted, planned[0].bonus) == (k, 7)
+    assert calibration.describe()["log_odds_shift"] > 2
+
+
+def test_the_pairs_offset_leaves_a_calibrated_drafters_bins_their_own():
+    """A drafter whose q is this target's keep rate: the fitted offset stays near 0."""
+    rng = np.random.default_rng(4)
+    calibration = DraftCalibration()
+    for _ in range(2000):
+        probs = rng.uniform(0, 1, 6).tolist()
+        calibration.record(probs, next((i for i, q in enumerate(probs) if rng.uniform() >= q), 6))
+    assert abs(calibration.shift) < 0.2

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from drafter.draft_params import AUTO, DraftParams
 from drafter.server.errors import ApiError
 from drafter.server.metrics import Metrics
-from drafter.server.validation import AUTO, DraftParams
 from drafter.sessions.draft_length import Acceptance, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import (
     HYBRID,

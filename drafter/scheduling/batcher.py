@@ -23,8 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from drafter.reporting import BatcherMetrics
 from drafter.scheduling.engine_thread import EngineThread
-from drafter.server.metrics import Metrics
 from drafter.sessions.draft_length import Load
 from engine.requests import DraftError, DraftRequest, DraftResult
 
@@ -102,7 +102,7 @@ class Batcher:
         max_batch_size: int,
         max_queue: int,
         window_s: float,
-        metrics: Metrics,
+        metrics: BatcherMetrics,  # the HTTP face implements it (drafter/reporting.py)
         on_engine_failure: Callable[[BaseException], None],
         on_decode: Callable[[float, int], None] = lambda decode_ms, num_steps: None,
         runs_inline: Callable[[DraftRequest], bool] = lambda request: False,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from drafter.draft_params import AUTO, DraftParams
-from drafter.server.metrics import Metrics
+from drafter.reporting import SpeculationMetrics
 from drafter.sessions.draft_length import Acceptance, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import (
     HYBRID,
@@ -72,7 +72,7 @@ class Speculation:
         self,
         sessions: SessionTable,
         policy: DraftLengthPolicy,
-        metrics: Metrics,
+        metrics: SpeculationMetrics,  # the HTTP face implements it (drafter/reporting.py)
         max_draft_tokens: int,
         max_seq_len: int,
         suffix: SuffixDrafts | None = None,  # None: suffix drafting is off

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from engine.ahead import AheadBranch, BranchOps, top_choices
+from engine.ahead import BranchOps, DraftingAhead, top_choices
 from engine.cache.pool import PagePool, bytes_per_token
 from engine.cache.sequences import CacheFull, SequenceTable
 from engine.config import ConfigError, EngineConfig
@@ -37,10 +37,9 @@ from engine.warmup import Warmup
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-AHEAD_STEP_EWMA = 0.2  # weight of the newest ahead loop in `ahead_step_ms`
 
 
-class Engine(Warmup):
+class Engine(Warmup, DraftingAhead):
     def __init__(self, loaded: LoadedModel, config: EngineConfig, lifecycle: Lifecycle | None = None):
         self.config = config
         self.loaded = loaded
@@ -160,38 +159,6 @@ class Engine(Warmup):
     def count_branch_pages(self) -> None:
         """For /metrics, which must not walk the table while this thread changes it."""
         self.branch_pages = self.table.branch_pages if self.table.branches else 0
-
-    def draft_ahead(self, session: str, requests: list[DraftRequest], stop=None) -> list[AheadBranch] | None:
-        """Draft `requests` (a session's likely next contexts) as branches of `session`, replacing its earlier
-        ones (engine/ahead.py); None, with no branch kept, if `stop()` said so between two decode steps or
-        the branches do not fit beside the cached conversations (they never evict one)."""
-        cfg = self.config
-        self.branch_ops.apply(self.table)
-        self.table.drop_branches(session)
-        vocab = self.loaded.config.vocab_size
-        requests = requests[: cfg.max_batch_size]
-        contexts = [as_token_array(r, vocab, cfg.max_seq_len, cfg.max_draft_tokens) for r in requests]
-        began, asked = time.perf_counter(), [0]
-
-        def stopping() -> bool:  # asked before every step but the first: counts the steps run when it stops
-            asked[0] += 1
-            return stop is not None and stop()
-
-        try:
-            results, placements = self.run(contexts, requests, branch_of=session, stop=stopping)
-        except CacheFull:  # nothing ran
-            results, asked[0] = None, 0
-        steps = results[0].num_steps if results else asked[0]
-        if steps:  # so the server can tell whether a loop would finish before the session's next call
-            step_ms = (time.perf_counter() - began) * 1e3 / steps
-            old = self.ahead_step_ms
-            self.ahead_step_ms = step_ms if old is None else old + AHEAD_STEP_EWMA * (step_ms - old)
-        if results is None:
-            self.table.drop_branches(session)
-        self.count_branch_pages()
-        if results is None:
-            return None
-        return [AheadBranch(r, p.sequence) for r, p in zip(results, placements, strict=True)]
 
     def run(self, contexts, requests, branch_of: str | None = None, stop=None):
         """Place, prefill, decode, read back and commit one batch: (results, placements), or (None, None)

@@ -6,8 +6,9 @@ engine is busy, arriving requests queue up and form the next batch. When it is i
 waits for companions only if some are on their way (a handler reading or checking its body: `arriving`),
 and at most `window_s`; a lone client never waits. A request that cannot queue fails at once
 (`QueueFull`), one still queued at its deadline fails (`Expired`), and one withdrawn (client gone) is
-simply never drafted. A lone request that `runs_inline` deems short is drafted on the event loop's own
-thread, without the two thread hand-offs (drafter/scheduling/inline.py). The batcher knows nothing of HTTP.
+simply never drafted (what a handler holds: drafter/scheduling/pending.py). A lone request that
+`runs_inline` deems short is drafted on the event loop's own thread, without the two thread hand-offs
+(drafter/scheduling/inline.py). The batcher knows nothing of HTTP.
 
 Background work (drafting ahead: drafter/sessions/ahead.py) runs only on an idle engine with nothing
 queued, arriving or held, one job at a time, oldest session first, and is told to stop between decode
@@ -21,10 +22,10 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from drafter.reporting import BatcherMetrics
 from drafter.scheduling.engine_thread import EngineThread
-from drafter.server.metrics import Metrics
+from drafter.scheduling.pending import Arrival, EngineFailed, Expired, Pending, QueueFull, Together
 from drafter.sessions.draft_length import Load
 from engine.requests import DraftError, DraftRequest, DraftResult
 
@@ -36,64 +37,6 @@ log = logging.getLogger(__name__)
 CONTENTION_COOL_DOWN_S = 1.0
 
 
-class QueueFull(Exception):
-    pass
-
-
-class Expired(Exception):
-    pass
-
-
-class EngineFailed(Exception):
-    pass
-
-
-@dataclass(slots=True, eq=False)
-class Pending:
-    request: DraftRequest
-    arrived: float  # event-loop time
-    deadline: float  # it must start on the engine before this
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    started: float | None = None  # when its batch went to the engine
-
-
-class Arrival:
-    """A handler reading and checking a body: a companion on its way (a class, not a generator-based
-    context manager: this is on every request)."""
-
-    __slots__ = ("batcher",)
-
-    def __init__(self, batcher: Batcher):
-        self.batcher = batcher
-
-    def __enter__(self) -> None:
-        batcher = self.batcher
-        if batcher.running or batcher.waiting:
-            batcher.contended()
-        batcher.arriving += 1
-
-    def __exit__(self, kind, error, traceback) -> None:
-        self.batcher.arriving -= 1
-        self.batcher.pump()
-
-
-class Together:
-    """`with batcher.together():` around queueing several requests (a /draft/batch), so no batch starts
-    before they are all queued: they share the next batch (up to the max batch size) whatever the window."""
-
-    __slots__ = ("batcher",)
-
-    def __init__(self, batcher: Batcher):
-        self.batcher = batcher
-
-    def __enter__(self) -> None:
-        self.batcher.holding += 1
-
-    def __exit__(self, kind, error, traceback) -> None:
-        self.batcher.holding -= 1
-        self.batcher.pump()
-
-
 class Batcher:
     def __init__(
         self,
@@ -102,7 +45,7 @@ class Batcher:
         max_batch_size: int,
         max_queue: int,
         window_s: float,
-        metrics: Metrics,
+        metrics: BatcherMetrics,  # the HTTP face implements it (drafter/reporting.py)
         on_engine_failure: Callable[[BaseException], None],
         on_decode: Callable[[float, int], None] = lambda decode_ms, num_steps: None,
         runs_inline: Callable[[DraftRequest], bool] = lambda request: False,

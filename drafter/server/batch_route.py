@@ -32,7 +32,7 @@ from drafter.server.draft_route import (
     settled,
     submit,
 )
-from drafter.server.errors import ApiError
+from drafter.server.errors import REFUSED, ApiError, as_api_error
 from drafter.server.request_body import ClientGone
 from drafter.server.runtime import Runtime
 from drafter.server.validation import (
@@ -120,10 +120,10 @@ def queue(data, runtime: Runtime) -> Row:
         if call.num_draft_tokens == 0:  # auto under load: an empty draft, no engine work
             return Row(call)
         return Row(call, submit(call, runtime))
-    except ApiError as error:
+    except REFUSED as error:
         if call is not None:
             runtime.speculation.abandon(call)
-        return Row(error=error)
+        return Row(error=as_api_error(error))
 
 
 async def wait_for_rows(request: Request, runtime: Runtime, rows: list[Row]) -> list:

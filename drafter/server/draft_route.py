@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from drafter.scheduling.batcher import EngineFailed, Expired, Pending, QueueFull
 from drafter.server.auth import require_auth
-from drafter.server.errors import ApiError, OrjsonResponse
+from drafter.server.errors import REFUSED, ApiError, OrjsonResponse, as_api_error
 from drafter.server.request_body import BodyTimeout, BodyTooLarge, ClientGone, read_body
 from drafter.server.runtime import Runtime
 from drafter.server.validation import (
@@ -44,8 +44,8 @@ async def draft(request: Request) -> Response:
         response = await answer(request, runtime)
         status = response.status_code
         return response
-    except ApiError as error:
-        status = error.status
+    except REFUSED as error:
+        status = as_api_error(error).status
         raise
     except ClientGone:  # hung up mid-body: nobody reads an answer, and it is not a server error
         runtime.metrics.rejections.labels("disconnected").inc()

@@ -1,5 +1,6 @@
 """Prometheus metrics of one server, in a registry of its own (never the process-global one), so two apps
-in one process (tests) do not collide and /metrics shows only what this server measured.
+in one process (tests) do not collide and /metrics shows only what this server measured. `Metrics` is
+what the rooms below the HTTP face report to, through the interfaces of drafter/reporting.py.
 """
 
 from __future__ import annotations

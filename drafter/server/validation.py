@@ -1,5 +1,5 @@
-"""The boundary: a `/draft` body (or a `/draft/batch` row) becomes a `DraftParams` or an `ApiError` naming
-the field and its bound.
+"""The boundary: a `/draft` body (or a `/draft/batch` row) becomes a `DraftParams` (drafter/draft_params.py)
+or an `ApiError` naming the field and its bound.
 
 Nothing here touches the engine, and no message repeats what the client sent, not even an unknown field's
 name (a client reflecting it would be an injection vector): the message lists the allowed fields instead.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from drafter.draft_params import AUTO, DraftParams
 from drafter.server.config import MAX_SESSION_CHARS
 from drafter.server.errors import ApiError, invalid
 
@@ -28,7 +29,6 @@ FIELDS = (
     "source",
 )
 BATCH_FIELDS = ("requests",)
-AUTO = "auto"  # num_draft_tokens: let the server pick k (drafter.sessions.draft_length)
 MAX_SESSION_TOKEN_CHARS = 64
 
 
@@ -40,19 +40,6 @@ class Limits:
     default_num_draft_tokens: int | str  # or AUTO
     max_body_bytes: int
     sources: tuple[str, ...] = ("model",)  # the draft sources this server offers (suffix drafting on or off)
-
-
-@dataclass(frozen=True, slots=True)
-class DraftParams:
-    tokens: np.ndarray  # int64; v1: the whole context; v2: the tokens after the session's first prefix_len
-    num_draft_tokens: int | str  # or AUTO
-    session: str | None = None
-    min_confidence: float = 0.0
-    return_probs: bool = False
-    prefix_len: int | None = None  # set: a v2 (incremental) call
-    session_token: str | None = None
-    close: bool = False
-    source: str | None = None  # "model", "suffix" or "hybrid"; None: the server's default
 
 
 def check_content_type(header: str | None) -> None:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drafter.server.errors import ApiError
-from drafter.server.metrics import Metrics
-from drafter.server.validation import AUTO, DraftParams
+from drafter.draft_params import AUTO, DraftParams
+from drafter.reporting import SpeculationMetrics
 from drafter.sessions.draft_length import Acceptance, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import (
     HYBRID,
@@ -30,20 +29,9 @@ from drafter.sessions.draft_source import (
 )
 from drafter.sessions.suffix_drafts import NO_DRAFT, SuffixDrafts
 from drafter.sessions.suffix_index import SuffixDraft
-from drafter.sessions.table import Session, SessionTable, SessionUnknown, accepted_drafts
+from drafter.sessions.table import Session, SessionTable, accepted_drafts
 
 SOURCE_LABELS = (MODEL, SUFFIX)  # what each draft token came from; a hybrid draft has tokens of both
-
-
-def session_unknown() -> ApiError:
-    return ApiError(
-        409,
-        "session_unknown",
-        "the server does not hold this session (never seen, expired, closed or restarted), the "
-        "session_token does not match, or prefix_len is past its sequence: resend the whole context "
-        "without prefix_len, with the same session name, to get a new session_token",
-        "session",
-    )
 
 
 @dataclass(slots=True)
@@ -84,7 +72,7 @@ class Speculation:
         self,
         sessions: SessionTable,
         policy: DraftLengthPolicy,
-        metrics: Metrics,
+        metrics: SpeculationMetrics,  # the HTTP face implements it (drafter/reporting.py)
         max_draft_tokens: int,
         max_seq_len: int,
         suffix: SuffixDrafts | None = None,  # None: suffix drafting is off
@@ -113,12 +101,10 @@ class Speculation:
         session, known_equal = None, 0
         if params.prefix_len is not None:
             new_tokens = params.tokens  # O(new tokens)
-            try:
-                session, context = self.sessions.extend(
-                    params.session, params.session_token, params.prefix_len, new_tokens
-                )
-            except SessionUnknown:
-                raise session_unknown() from None
+            # Or SessionUnknown, which the HTTP face answers with its 409 session_unknown.
+            session, context = self.sessions.extend(
+                params.session, params.session_token, params.prefix_len, new_tokens
+            )
             known_equal = params.prefix_len
         elif params.session is not None:
             context = self.sessions.full_context(params.tokens)

@@ -2,17 +2,17 @@
 
 A *sequence* is one conversation's cached state: the token ids whose keys/values its pages hold (its last
 context and the drafts fed back into the decode loop) and the pages, in logical order. A request either
-*continues* a sequence — the one its session hint names, else one whose whole last context it repeats or
-extends (the target accepted some drafts and added its own) and that no other session holds — or starts a
-new one. Only a request naming a sequence's own session may cut it back below its last context (a
-rollback): a context that is a strict prefix of another conversation's (a shorter conversation on the same
-system prompt), or any context beside another session's (parallel samples of one prompt, retries,
-best-of-n under their own session names), starts its own sequence on the other's full pages, found by
-content, and computes only its own partial page, so it never takes the other's cache. (A sessionless
-request that repeats a sessionless sequence's last context exactly continues it: its drafts are the same,
-so the sequence's contents are too, and a retrying client does not pile up copies.) Either way it keeps
-the longest cached prefix it can find, its own or, through the prefix index, any conversation's full pages,
-and prefills the rest.
+*continues* a sequence (engine/cache/continuation.py) — the one its session hint names, else one whose whole
+last context it repeats or extends (the target accepted some drafts and added its own) and that no other
+session holds — or starts a new one. Only a request naming a sequence's own session may cut it back below its
+last context (a rollback): a context that is a strict prefix of another conversation's (a shorter conversation
+on the same system prompt), or any context beside another session's (parallel samples of one prompt, retries,
+best-of-n under their own session names), starts its own sequence on the other's full pages, found by content,
+and computes only its own partial page, so it never takes the other's cache. (A sessionless request that
+repeats a sessionless sequence's last context exactly continues it: its drafts are the same, so the sequence's
+contents are too, and a retrying client does not pile up copies.) Either way it keeps the longest cached
+prefix it can find, its own or, through the prefix index, any conversation's full pages, and prefills the
+rest.
 Pages it will write must be its own: a page another sequence also holds is never written, so the reused
 prefix stops at that page's start (the partly matching page is recomputed, at most page_size - 1 tokens).
 
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.cache.allocator import PageAllocator
+from engine.cache.continuation import continued, continues_latest, hinted
 from engine.cache.prefix_index import PrefixIndex
 from engine.requests import DraftError
 
@@ -70,25 +71,6 @@ class CacheCounters:
     evicted_sequences: int = 0
     evicted_pages: int = 0
     evicted_branches: int = 0
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    differs = a[:n] != b[:n]
-    return int(differs.argmax()) if differs.any() else n
-
-
-def covers_last_context(tokens: np.ndarray, reuse: int, sequence: Sequence) -> bool:
-    """Whether a context repeats or extends the sequence's last context, given `reuse`, its tokens but the
-    last in common with the sequence's: past the last context, or exactly it (the last token included)."""
-    if reuse >= sequence.context_len:
-        return True
-    last = sequence.context_len - 1
-    return (
-        reuse == last == len(tokens) - 1
-        and last < len(sequence.tokens)
-        and tokens[last] == sequence.tokens[last]
-    )
 
 
 class SequenceTable:
@@ -128,17 +110,17 @@ class SequenceTable:
         size = self.page_size
         reusable = len(tokens) - 1  # the last context token is always fed to the decode loop
         full_pages = reusable // size
-        target, own = (None, -1) if branch_of else self.hinted(tokens, session, taken)
+        target, own = (None, -1) if branch_of else hinted(self.by_session, tokens, session, taken)
         source, copied = None, None  # a branch: the session's sequence it forks from, its pages shared
         if branch_of:
-            source, own = self.hinted(tokens, branch_of, set())
+            source, own = hinted(self.by_session, tokens, branch_of, set())
         if target is None and not branch_of:
-            target, own = self.continues_latest(tokens, session, taken, full_pages)
+            target, own = continues_latest(self.latest, size, tokens, session, taken, full_pages)
         # A hinted or continued sequence holding every full page of the context leaves the index nothing to
         # offer (a growing conversation's usual call): skip hashing and looking up its whole context.
         matched = [] if own >= full_pages * size else self.index.match(tokens, full_pages)
         if target is None and not branch_of:
-            target, own = self.continued(tokens, session, matched, taken)
+            target, own = continued(self.sequences, tokens, session, matched, taken)
         if own >= len(matched) * size and (target or source) is not None:
             kept, reuse = (target or source).pages[: -(-own // size)], own
         else:
@@ -188,52 +170,10 @@ class SequenceTable:
         sequence the session names, or the one placed last if the request continues it (no hashing: the
         prefix index may find more). For deciding where a request runs, never for placing it; read only
         while no batch is being placed."""
-        target, own = self.hinted(tokens, session, set())
+        target, own = hinted(self.by_session, tokens, session, set())
         if target is None:
-            target, own = self.continues_latest(tokens, session, set(), 0)
+            target, own = continues_latest(self.latest, self.page_size, tokens, session, set(), 0)
         return max(own, 0)
-
-    def hinted(self, tokens, session, taken) -> tuple[Sequence | None, int]:
-        """The sequence the request's session hint names, and how many of its tokens the request reuses."""
-        sequence = self.by_session.get(session) if session is not None else None
-        if sequence is None or id(sequence) in taken:
-            return None, -1
-        return sequence, common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
-
-    def continues_latest(self, tokens, session, taken, full_pages: int) -> tuple[Sequence | None, int]:
-        """The sequence placed last, if this request extends its last context past every full page (a lone
-        client's conversation): no other sequence can then offer more than part of a page, so neither the
-        index nor the other sequences are searched."""
-        sequence = self.latest
-        if sequence is None or not self.may_continue(sequence, session, taken):
-            return None, -1
-        reuse = common_prefix(tokens[: len(tokens) - 1], sequence.tokens)
-        if covers_last_context(tokens, reuse, sequence) and reuse >= full_pages * self.page_size:
-            return sequence, reuse
-        return None, -1
-
-    @staticmethod
-    def may_continue(sequence: Sequence, session: str | None, taken: set[int]) -> bool:
-        """Unhinted, a request may continue a sequence no other request of its batch has and no other
-        session holds (a sessionless one continues only sessionless sequences)."""
-        return (
-            id(sequence) not in taken and sequence.session in (None, session) and sequence.branch_of is None
-        )
-
-    def continued(self, tokens, session, matched, taken) -> tuple[Sequence | None, int]:
-        """Without a hint: the sequence whose whole last context this request extends, and how many of its
-        tokens the request reuses."""
-        reusable = tokens[: len(tokens) - 1]
-        best, best_reuse = None, -1
-        for sequence in self.sequences:
-            if not self.may_continue(sequence, session, taken) or (
-                matched and sequence.pages[len(matched) - 1 : len(matched)] != matched[-1:]
-            ):
-                continue
-            reuse = common_prefix(reusable, sequence.tokens)
-            if covers_last_context(tokens, reuse, sequence) and reuse > best_reuse:
-                best, best_reuse = sequence, reuse
-        return best, best_reuse
 
     def bind(self, sequence: Sequence, session: str | None, context_len: int) -> None:
         if sequence.session is not None and self.by_session.get(sequence.session) is sequence:

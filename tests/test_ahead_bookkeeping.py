@@ -9,11 +9,11 @@ import asyncio
 
 import numpy as np
 
+from drafter.draft_params import DraftParams
 from drafter.scheduling.batcher import Batcher
 from drafter.scheduling.engine_thread import EngineThread
 from drafter.server.ahead_work import AheadWork
 from drafter.server.metrics import Metrics
-from drafter.server.validation import DraftParams
 from drafter.sessions.ahead import DraftAhead
 from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy, Load
 from drafter.sessions.speculation import Speculation

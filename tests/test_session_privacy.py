@@ -10,8 +10,8 @@ import random
 import numpy as np
 import pytest
 
+from drafter.draft_params import DraftParams
 from drafter.server.metrics import Metrics
-from drafter.server.validation import DraftParams
 from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import HYBRID, MODEL, SUFFIX
 from drafter.sessions.speculation import Speculation

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from bench import machine, overhead, report, runners
-from bench.latency import conversations
 from bench.server import ServerProcess
+from bench.workload import conversations
 from drafter.scheduling.batcher import CONTENTION_COOL_DOWN_S
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine

@@ -18,7 +18,6 @@ import gc
 import json
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ from tqdm import tqdm
 from bench import baselines, machine, report, runners
 from bench.refusals import exits_2_on_refusal
 from bench.server import ServerProcess
-from bench.workload import PATTERNS, Conversation, longest_context
+from bench.workload import PATTERNS, conversations, longest_context
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
 from engine.model.loader import load_model
@@ -146,15 +145,6 @@ def applies(variant: str, case: dict) -> bool:
     if variant.startswith("hf-"):  # baselines serve one request at a time; reuse only matters when growing
         return case["concurrency"] == 1 and (variant == "hf-generate" or case["pattern"] == "growing")
     return True
-
-
-def conversations(case: dict, vocab_size: int, seed: int) -> list[Conversation]:
-    # crc32, not hash(): str hashes change between processes, and runs must be reproducible.
-    base = seed * 1_000_003 + zlib.crc32(repr(sorted(case.items())).encode())
-    return [
-        Conversation(case["pattern"], case["context_len"], vocab_size, base + i, prompt_seed=base)
-        for i in range(case["concurrency"])
-    ]
 
 
 def open_variant(name: str, args, sizes: dict, checkpoint: str):

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import torch
 
-from bench import machine, overhead, report, runners
+from bench import call_cost, machine, report, runners
 from bench.server import ServerProcess
 from bench.workload import conversations
 from drafter.scheduling.batcher import CONTENTION_COOL_DOWN_S
@@ -200,8 +200,8 @@ def over_http(spec: dict, result: Result, device: str) -> None:
         time.sleep(CONTENTION_COOL_DOWN_S)  # after the 4-client cases, the loop drafts again only then
         costs = []
         for length in sorted({min(n, cfg["max_seq_len"] - 2) for n in OVERHEAD_CONTEXTS}):
-            costs += overhead.measure(
-                [server.url], overhead.context_tokens(length), 1, 10 * spec["calls"], 1, False
+            costs += call_cost.measure(
+                [server.url], call_cost.context_tokens(length), 1, 10 * spec["calls"], 1, False
             )
         facts["overhead"] = [{k: row[k] for k in OVERHEAD_FIELDS} for row in costs]
         metrics = httpx.get(f"{server.url}/metrics").text

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from bench.projection import project
+from bench.report import percentiles
 
 AUTO = "auto"
 
@@ -20,13 +19,6 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
         return None
     shorter = min(len(output), len(reference))
     return next((i for i in range(shorter) if output[i] != reference[i]), shorter)
-
-
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p99": None, "mean": None}
-    p50, p99 = np.percentile(values, [50, 99])
-    return {"p50": float(p50), "p99": float(p99), "mean": float(np.mean(values))}
 
 
 def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, gpu) -> dict:

@@ -54,7 +54,7 @@ def longest_context(context_len: int, num_draft_tokens: int, num_calls: int) -> 
 
 
 def conversations(case: dict, vocab_size: int, seed: int) -> list[Conversation]:
-    """A case's clients' conversations (`pattern`, `context_len`, `concurrency`), seeded by the case itself."""
+    """One conversation per client of a case (`pattern`, `context_len`, `concurrency`), seeded by the case."""
     # crc32, not hash(): str hashes change between processes, and runs must be reproducible.
     base = seed * 1_000_003 + zlib.crc32(repr(sorted(case.items())).encode())
     return [

@@ -2,10 +2,10 @@
 from a running drafter server (drafter/integrations/transformers_generate.py, through drafter.client), on
 each workload; it reports the target's tokens/s both ways (the speedup), tokens per round, acceptance by
 position, the share of wall time spent waiting for drafts, whether the outputs are identical (lossless),
-and the same rounds replayed on a *projected* GPU (bench/projection.py).
+and the same rounds replayed on a *projected* GPU (bench/harness/projection.py).
 
-    python bench/acceptance.py --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
-    python bench/acceptance.py --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
+    python -m bench.acceptance --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
+    python -m bench.acceptance --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
 
 `--testbed` takes the committed pair (bench/testbed/): its target, its workloads, and a server it starts on
 the drafter's FP8 weight-only export, told the target's measured verify time (what `"auto"` weighs k
@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from bench.acceptance_report import print_summary, result, summarize, write_outputs
-from bench.decoding import (
+from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
     TESTBED_DRAFTERS,
     drafter_url,
@@ -42,9 +42,9 @@ from bench.decoding import (
     target_greedy,
     timed,
 )
-from bench.machine import describe
-from bench.projection import GpuModel
-from bench.prompts import (
+from bench.harness.machine import describe
+from bench.harness.projection import GpuModel
+from bench.harness.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
     BenchError,
@@ -52,7 +52,7 @@ from bench.prompts import (
     random_prompts,
     read_prompt_lines,
 )
-from bench.refusals import ServerRefused
+from bench.harness.refusals import ServerRefused
 from bench.testbed import PAIR
 from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats

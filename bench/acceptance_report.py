@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.projection import project
-from bench.report import percentiles
+from bench.harness.projection import project
+from bench.harness.report import percentiles
 
 AUTO = "auto"
 
@@ -23,7 +23,7 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
 
 def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, gpu) -> dict:
     """One run's record: its SpeculationStats, its outputs against the target alone's, both wall times and
-    the same rounds projected on `gpu` (a bench.projection.GpuModel)."""
+    the same rounds projected on `gpu` (a bench.harness.projection.GpuModel)."""
     mismatches = [first_mismatch(out, ref) for out, ref in zip(outputs, reference, strict=True)]
     tokens = sum(map(len, outputs))
     wait_s = sum(stats.draft_call_ms) / 1e3

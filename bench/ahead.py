@@ -1,9 +1,9 @@
-"""Drafting ahead on the testbed pair: the target runs its real speculative loop (bench/decoding.py's, as in
-bench/acceptance.py) on each workload against a fresh drafter server with `--draft-ahead 0` and with
+"""Drafting ahead on the testbed pair: the target runs its real speculative loop (bench/harness/decoding.py's,
+as in bench/acceptance.py) on each workload against a fresh drafter server with `--draft-ahead 0` and with
 `--draft-ahead N`, and this reports per run the hit rate (overall and by accepted count, from the server's
 /info), each call's latency as the target waited for it, split into hits (answered from a branch: no engine
 time) and the rest, the target's tokens/s measured here, and the same rounds projected on a GPU
-(bench/projection.py) where a hit costs only the call's overhead.
+(bench/harness/projection.py) where a hit costs only the call's overhead.
 
     python -m bench.ahead [--branches 8] [--num-draft-tokens 8] [--workloads code,edit,prose] [--json OUT]
 
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.decoding import (
+from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
     TESTBED_DRAFTERS,
     load_target,
@@ -36,10 +36,16 @@ from bench.decoding import (
     timed,
     verify_ms_per_token,
 )
-from bench.machine import describe
-from bench.projection import GpuModel
-from bench.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, load_prompts, random_prompts, read_prompt_lines
-from bench.report import percentiles
+from bench.harness.machine import describe
+from bench.harness.projection import GpuModel
+from bench.harness.prompts import (
+    WARMUP_PROMPT_LEN,
+    WARMUP_SEED,
+    load_prompts,
+    random_prompts,
+    read_prompt_lines,
+)
+from bench.harness.report import percentiles
 from bench.testbed import PAIR
 from drafter.client import DraftClient
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats

@@ -1,6 +1,6 @@
 """What one `/draft` call costs beyond the engine's own work, with a lean client on keep-alive connections.
 
-    python bench/overhead.py [--targets URL[,URL...]] [--contexts 128,2048] [--k 1] [--calls 400]
+    python -m bench.overhead [--targets URL[,URL...]] [--contexts 128,2048] [--k 1] [--calls 400]
                              [--clients 1,4,16] [--v2] [--json OUT]
 
 Each call is a `GET /health/live` and a `POST /draft` on the same connection (the standard library's
@@ -36,9 +36,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.call_cost import context_tokens, measure  # noqa: E402
-from bench.refusals import exits_2_on_refusal  # noqa: E402
-from bench.server import ServerProcess  # noqa: E402
+from bench.harness.call_cost import context_tokens, measure  # noqa: E402
+from bench.harness.refusals import exits_2_on_refusal  # noqa: E402
+from bench.harness.server import ServerProcess  # noqa: E402
 
 
 def table(rows: list[dict]) -> str:

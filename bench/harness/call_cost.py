@@ -15,7 +15,7 @@ import time
 
 import orjson
 
-from bench.refusals import ServerRefused
+from bench.harness.refusals import ServerRefused
 from drafter.client.protocol import parse_server_timing
 
 HEADERS = {"content-type": "application/json"}

@@ -1,7 +1,7 @@
 """A transformers target decoding greedily, alone (the reference) and with drafts from a drafter server
 (drafter/integrations/transformers_generate.py, through drafter.client), and the servers it drafts from:
 --url's, or for a testbed pair servers started on its drafter, told the target's measured verify time.
-The decoding loop bench/acceptance.py measures, and bench/ahead.py and the suffix studies reuse.
+The decoding loop bench/acceptance.py measures, and bench/ahead.py and bench/suffix/oracle.py reuse.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import drafter.integrations.target
-from bench.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
+from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
 from drafter.client import DraftClient, TransportError
 from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
 
@@ -100,7 +100,7 @@ def verify_ms_per_token(model, warmup: list[int], args) -> float:
 @contextlib.contextmanager
 def started_server(flags: list[str]):
     """A drafter server with these flags, stopped after."""
-    from bench.server import ServerProcess
+    from bench.harness.server import ServerProcess
 
     server = ServerProcess(flags, timeout_s=300)
     try:

@@ -1,6 +1,6 @@
-"""The device check's stages, each run in a process of its own by bench/device_check.py:
+"""The device check's stages, each run in a process of its own by bench/device/check.py:
 
-    python -m bench.device_stages SPEC.json
+    python -m bench.device.stages SPEC.json
 
 SPEC names the stage (`export`, `engine`), its parameters and the file its result goes to. An `engine`
 stage measures one checkpoint on one path, in-process or over HTTP, and rewrites its result file after
@@ -23,9 +23,9 @@ import httpx
 import numpy as np
 import torch
 
-from bench import call_cost, machine, report, runners
-from bench.server import ServerProcess
-from bench.workload import conversations
+from bench.harness import call_cost, machine, report, runners
+from bench.harness.server import ServerProcess
+from bench.harness.workload import conversations
 from drafter.scheduling.batcher import CONTENTION_COOL_DOWN_S
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine

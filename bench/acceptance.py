@@ -2,10 +2,10 @@
 from a running drafter server (drafter/integrations/transformers_generate.py, through drafter.client), on
 each workload; it reports the target's tokens/s both ways (the speedup), tokens per round, acceptance by
 position, the share of wall time spent waiting for drafts, whether the outputs are identical (lossless),
-and the same rounds replayed on a *projected* GPU (bench/projection.py).
+and the same rounds replayed on a *projected* GPU (bench/harness/projection.py).
 
-    python bench/acceptance.py --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
-    python bench/acceptance.py --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
+    python -m bench.acceptance --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
+    python -m bench.acceptance --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
 
 `--testbed` takes the committed pair (bench/testbed/): its target, its workloads, and a server it starts on
 the drafter's FP8 weight-only export, told the target's measured verify time (what `"auto"` weighs k
@@ -21,24 +21,30 @@ since acceptance measured without drafts means nothing), 1 if any output differs
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
-import logging
 import os
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-import drafter.integrations.target
 from bench.acceptance_report import print_summary, result, summarize, write_outputs
-from bench.machine import describe
-from bench.projection import GpuModel
-from bench.prompts import (
+from bench.harness.decoding import (
+    DRAFT_TIMEOUT_S,
+    TESTBED_DRAFTERS,
+    drafter_url,
+    load_target,
+    server_info,
+    speculative_greedy,
+    target_greedy,
+    timed,
+)
+from bench.harness.machine import describe
+from bench.harness.projection import GpuModel
+from bench.harness.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
     BenchError,
@@ -46,75 +52,11 @@ from bench.prompts import (
     random_prompts,
     read_prompt_lines,
 )
-from bench.refusals import ServerRefused
-from drafter.client import DraftClient, DraftRequestError, TransportError
-from drafter.integrations.transformers_generate import AUTO, SpeculationStats, speculative_decoding
+from bench.harness.refusals import ServerRefused
+from bench.testbed import PAIR
+from drafter.client import DraftClient, DraftRequestError
+from drafter.integrations.transformers_generate import AUTO, SpeculationStats
 from drafter.sessions.draft_source import MODEL, SOURCES
-
-# transformers imports torchao, whose CPU-only import chatter is not the user's concern.
-for noisy in ("torchao", "torch.utils._pytree"):
-    logging.getLogger(noisy).setLevel(logging.ERROR)
-
-DRAFT_TIMEOUT_S = 60  # a benchmark waits for every draft; a target would not (drafter.client's policy)
-TESTBED = Path(__file__).resolve().parent / "testbed" / "pair"
-TESTBED_DRAFTERS = {
-    "weight-only": "drafter-fp8-weight-only",
-    "dynamic": "drafter-fp8-dynamic",
-    "bf16": "drafter",
-}
-
-
-def server_info(client: DraftClient) -> dict:
-    """/info once the server is ready; every failure becomes a BenchError naming the server."""
-    try:
-        ready = client.get("/health/ready", timeout_s=DRAFT_TIMEOUT_S)
-        if ready.status != 200:
-            raise BenchError(f"the drafter at {client.url} is not ready: {ready.content[:200]!r}")
-        return client.info()
-    except TransportError as error:
-        raise BenchError(f"cannot reach the drafter at {client.url}: {error}") from None
-
-
-@torch.inference_mode()
-def target_greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = False) -> list[int]:
-    """The reference: transformers' own greedy decoding, new tokens only."""
-    return generate(model, prompt, max_new_tokens, stop_at_eos)
-
-
-def speculative_greedy(
-    model, client, prompt, max_new_tokens: int, stats: SpeculationStats, stop_at_eos: bool, source: str
-):
-    skipped = stats.num_skipped
-    kwargs = dict(
-        draft_client=client,
-        num_draft_tokens=stats.num_draft_tokens,
-        speculation_stats=stats,
-        draft_source=source,
-    )
-    new = generate(model, prompt, max_new_tokens, stop_at_eos, custom_generate=speculative_decoding, **kwargs)
-    if stats.num_skipped > skipped:
-        raise BenchError(f"{stats.num_skipped - skipped} draft calls to {client.url} failed (see its log)")
-    return new
-
-
-def generate(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool, **kwargs) -> list[int]:
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=0 if stop_at_eos else max_new_tokens,
-        **kwargs,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
-def load_target(directory: Path, device: str, dtype: str):
-    try:
-        return drafter.integrations.target.load_target(directory, device, dtype)
-    except ValueError as error:
-        raise BenchError(str(error)) from None
 
 
 def draft_lengths(text: str) -> list[int | str]:
@@ -148,7 +90,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--testbed", nargs="?", const=TESTBED, type=Path, help="the testbed pair's directory")
+    parser.add_argument("--testbed", nargs="?", const=PAIR, type=Path, help="the testbed pair's directory")
     parser.add_argument(
         "--drafter", choices=TESTBED_DRAFTERS, default="weight-only", help="--testbed's drafter"
     )
@@ -225,19 +167,6 @@ def check_server(args, info: dict, vocab_size: int) -> None:
         )
 
 
-def timed(function, *args) -> tuple[list[int], float]:
-    started = time.perf_counter()
-    out = function(*args)
-    return out, time.perf_counter() - started
-
-
-def verify_ms_per_token(model, warmup: list[int], args) -> float:
-    """The target's greedy decode, ms per token (after one untimed run): what `"auto"` weighs k against."""
-    target_greedy(model, warmup, args.max_new_tokens, False)
-    _, seconds = timed(target_greedy, model, warmup, args.max_new_tokens, False)
-    return 1e3 * seconds / args.max_new_tokens
-
-
 def measure_workload(args, model, connect, prompts, warmup, bar) -> list[dict]:
     """Target alone on every prompt, then with drafts for each source and k, each after an untimed warm-up
     and from the client `connect()` gives (for --testbed, a fresh server each time: a server's global suffix
@@ -289,48 +218,6 @@ def prepare(args, client: DraftClient, model, workloads):
     shortest = min(len(p) for ps in prompts.values() for p in ps)
     [warmup] = random_prompts(vocab_size, shortest, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     return prompts, warmup, info
-
-
-@contextlib.contextmanager
-def started_server(flags: list[str]):
-    """A drafter server with these flags, stopped after."""
-    from bench.server import ServerProcess
-
-    server = ServerProcess(flags, timeout_s=300)
-    try:
-        url = server.wait_ready()
-    except (RuntimeError, TimeoutError) as error:
-        server.close()
-        raise BenchError(f"the drafter server for --testbed did not start: {error}") from None
-    try:
-        yield url
-    finally:
-        server.close()
-
-
-@contextlib.contextmanager
-def drafter_url(args, model):
-    """The server to use, the verify time it was told, and `connect()`, a client for one run: --url's server,
-    or for --testbed servers on the pair's drafter, a fresh one per run (see measure_workload)."""
-    if args.url:
-        yield args.url, None, lambda: DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
-        return
-    [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
-    verify_ms = verify_ms_per_token(model, warmup, args)
-    model_dir = args.testbed / TESTBED_DRAFTERS[args.drafter]
-    flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
-    print(f"drafter servers on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
-
-    @contextlib.contextmanager
-    def connect():
-        with (
-            started_server(flags) as url,
-            DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
-        ):
-            yield client
-
-    with started_server(flags) as url:
-        yield url, verify_ms, connect
 
 
 def run(args) -> dict:

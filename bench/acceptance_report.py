@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
-from bench.projection import project
+from bench.harness.projection import project
+from bench.harness.report import percentiles
 
 AUTO = "auto"
 
@@ -22,16 +21,9 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
     return next((i for i in range(shorter) if output[i] != reference[i]), shorter)
 
 
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p99": None, "mean": None}
-    p50, p99 = np.percentile(values, [50, 99])
-    return {"p50": float(p50), "p99": float(p99), "mean": float(np.mean(values))}
-
-
 def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, gpu) -> dict:
     """One run's record: its SpeculationStats, its outputs against the target alone's, both wall times and
-    the same rounds projected on `gpu` (a bench.projection.GpuModel)."""
+    the same rounds projected on `gpu` (a bench.harness.projection.GpuModel)."""
     mismatches = [first_mismatch(out, ref) for out, ref in zip(outputs, reference, strict=True)]
     tokens = sum(map(len, outputs))
     wait_s = sum(stats.draft_call_ms) / 1e3

@@ -1,9 +1,9 @@
-"""Drafting ahead on the testbed pair: the target runs its real speculative loop (bench/acceptance.py's) on
-each workload against a fresh drafter server with `--draft-ahead 0` and with `--draft-ahead N`, and this
-reports per run the hit rate (overall and by accepted count, from the server's /info), each call's latency
-as the target waited for it, split into hits (answered from a branch: no engine time) and the rest, the
-target's tokens/s measured here, and the same rounds projected on a GPU (bench/projection.py) where a hit
-costs only the call's overhead.
+"""Drafting ahead on the testbed pair: the target runs its real speculative loop (bench/harness/decoding.py's,
+as in bench/acceptance.py) on each workload against a fresh drafter server with `--draft-ahead 0` and with
+`--draft-ahead N`, and this reports per run the hit rate (overall and by accepted count, from the server's
+/info), each call's latency as the target waited for it, split into hits (answered from a branch: no engine
+time) and the rest, the target's tokens/s measured here, and the same rounds projected on a GPU
+(bench/harness/projection.py) where a hit costs only the call's overhead.
 
     python -m bench.ahead [--branches 8] [--num-draft-tokens 8] [--workloads code,edit,prose] [--json OUT]
 
@@ -26,9 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.acceptance import (
+from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
-    TESTBED,
     TESTBED_DRAFTERS,
     load_target,
     speculative_greedy,
@@ -37,10 +36,17 @@ from bench.acceptance import (
     timed,
     verify_ms_per_token,
 )
-from bench.acceptance_report import percentiles
-from bench.machine import describe
-from bench.projection import GpuModel
-from bench.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, load_prompts, random_prompts, read_prompt_lines
+from bench.harness.machine import describe
+from bench.harness.projection import GpuModel
+from bench.harness.prompts import (
+    WARMUP_PROMPT_LEN,
+    WARMUP_SEED,
+    load_prompts,
+    random_prompts,
+    read_prompt_lines,
+)
+from bench.harness.report import percentiles
+from bench.testbed import PAIR
 from drafter.client import DraftClient
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
 from drafter.sessions.draft_source import MODEL
@@ -148,21 +154,21 @@ def main(argv=None) -> int:
     from bench.testbed.recipe import FULL
 
     args.max_new_tokens = args.max_new_tokens or FULL.workload_new_tokens
-    model = load_target(TESTBED / "target", "cpu", "float32")
+    model = load_target(PAIR / "target", "cpu", "float32")
     vocab = model.config.vocab_size
     [warmup] = random_prompts(vocab, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     verify_ms = verify_ms_per_token(model, warmup, argparse.Namespace(max_new_tokens=args.max_new_tokens))
     gpu = GpuModel()
-    base = ["--model", str(TESTBED / TESTBED_DRAFTERS["weight-only"]), "--device", "cpu"]
+    base = ["--model", str(PAIR / TESTBED_DRAFTERS["weight-only"]), "--device", "cpu"]
     base += ["--target-verify-ms", f"{verify_ms:.3f}", "--draft-source", MODEL, "--max-seq-len", "4096"]
     base += [f"--max-batch-size={max(8, args.branches)}"]  # one loop drafts all of a session's branches
     report = {"machine": describe("cpu"), "k": args.k, "branches": args.branches, "gpu_model": gpu.as_dict()}
     report["verify_floor_ms"] = args.verify_floor_ms
     rows = []
     for workload in args.workloads.split(","):
-        path = TESTBED / "workloads" / f"{workload}.jsonl"
+        path = PAIR / "workloads" / f"{workload}.jsonl"
         entries = read_prompt_lines(path)[: args.max_prompts]
-        where = argparse.Namespace(max_new_tokens=args.max_new_tokens, target=TESTBED / "target")
+        where = argparse.Namespace(max_new_tokens=args.max_new_tokens, target=PAIR / "target")
         prompts = load_prompts(where, entries, vocab, 4096)
         target_greedy(model, warmup, args.max_new_tokens)
         reference, alone_s = [], 0.0

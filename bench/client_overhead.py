@@ -1,6 +1,6 @@
 """What drafter.client itself costs per call: encode, send, decode, against a raw-socket baseline.
 
-    python bench/client_overhead.py [--contexts 128,1024,4096] [--calls 2000] [--json OUT]
+    python -m bench.client_overhead [--contexts 128,1024,4096] [--calls 2000] [--json OUT]
 
 Both clients talk to the same canned server (a subprocess answering every request at once with one fixed
 draft answer over keep-alive HTTP/1.1), so the server's cost is the same small constant for both and the

@@ -1,6 +1,6 @@
 """How far bf16 (and FP8 checkpoints) drafts agree with fp32's on the CPU, on the same weights.
 
-    python bench/dtype_agreement.py [--model bench-cpu] [--fp8 DIR[,DIR]] [--contexts 32] [--length 512] [--k 16]
+    python -m bench.dtype_agreement [--model bench-cpu] [--fp8 DIR[,DIR]] [--contexts 32] [--length 512] [--k 16]
 
 For each random context, fp32's greedy draft of k tokens is the reference; each other variant's draft is
 scored by its accepted length against it (the leading tokens equal to fp32's: what an fp32 target would

@@ -1,8 +1,8 @@
 """Per-call draft latency of our engine and server, against transformers on the same weights, in one run.
 
-    python bench/latency.py --quick                      # tiny preset on CPU, 34 rows, 2-4 minutes
-    python bench/latency.py --model bench-cpu            # CPU-sized body, the real 151936-token vocabulary
-    python bench/latency.py --model DIR                  # CUDA: an FP8 export of Qwen3-0.6B
+    python -m bench.latency --quick                      # tiny preset on CPU, 34 rows, 2-4 minutes
+    python -m bench.latency --model bench-cpu            # CPU-sized body, the real 151936-token vocabulary
+    python -m bench.latency --model DIR                  # CUDA: an FP8 export of Qwen3-0.6B
 
 Variants: `eager`, `compiled` (torch.compile), `graphs` (compile + CUDA graphs) call the engine in-process;
 `http` posts to a real server (spawned, or `--url`); `hf-generate` (per-request generate from scratch) and
@@ -18,16 +18,15 @@ import gc
 import json
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from bench import baselines, machine, report, runners
-from bench.refusals import exits_2_on_refusal
-from bench.server import ServerProcess
-from bench.workload import PATTERNS, Conversation, longest_context
+from bench.harness import baselines, machine, report, runners
+from bench.harness.refusals import exits_2_on_refusal
+from bench.harness.server import ServerProcess
+from bench.harness.workload import PATTERNS, conversations, longest_context
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
 from engine.model.loader import load_model
@@ -146,15 +145,6 @@ def applies(variant: str, case: dict) -> bool:
     if variant.startswith("hf-"):  # baselines serve one request at a time; reuse only matters when growing
         return case["concurrency"] == 1 and (variant == "hf-generate" or case["pattern"] == "growing")
     return True
-
-
-def conversations(case: dict, vocab_size: int, seed: int) -> list[Conversation]:
-    # crc32, not hash(): str hashes change between processes, and runs must be reproducible.
-    base = seed * 1_000_003 + zlib.crc32(repr(sorted(case.items())).encode())
-    return [
-        Conversation(case["pattern"], case["context_len"], vocab_size, base + i, prompt_seed=base)
-        for i in range(case["concurrency"])
-    ]
 
 
 def open_variant(name: str, args, sizes: dict, checkpoint: str):

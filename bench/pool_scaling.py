@@ -1,7 +1,7 @@
 """Does a decode step's cost grow with the KV pool? Compiled against eager decode per call, by pool size.
 
-    python bench/pool_scaling.py                          # tiny preset, fp32, CPU: pools 0.01, 0.5, 2 GiB
-    python bench/pool_scaling.py --pools-gb 0.01,0.5 --json out.json
+    python -m bench.pool_scaling                          # tiny preset, fp32, CPU: pools 0.01, 0.5, 2 GiB
+    python -m bench.pool_scaling --pools-gb 0.01,0.5 --json out.json
 
 One conversation of `--context` tokens drafts `--draft-tokens` tokens per call, growing by one accepted draft
 and a token of the target's each call, so every measured call is decode only (no prefill). A step reads the
@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from bench import machine
+from bench.harness import machine
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.requests import DraftRequest

@@ -7,7 +7,7 @@ each row's whole context rebuilt from vLLM's array every step. No vLLM needed: `
 vLLM's model runner calls it. The server serves the testbed pair's FP8 drafter; each row is a workload
 prompt, and each step the target keeps every draft (the v2 call then carries k + 1 new tokens).
 
-    python bench/proposer_batch.py [--rows 1,4,8] [--steps 30] [--k 8] [--json OUT]
+    python -m bench.proposer_batch [--rows 1,4,8] [--steps 30] [--k 8] [--json OUT]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from bench.server import ServerProcess
+from bench.harness.server import ServerProcess
 from bench.testbed import PAIR, workload_tokens
 from drafter.client import Backoff, DraftClient
 from drafter.client.protocol import ServerState, SessionState, exchange

@@ -9,7 +9,7 @@
   answer, and with `receive` also reading the body; not queueing or the engine) of v1 calls (the whole context each time) against v2 calls (only the
   new tokens) of growing conversations at 2k, 8k and 32k tokens, and the request body sizes.
 
-    python bench/sessions.py [--url URL] [--rounds 40] [--contexts 2048,8192,32768] [--json OUT]
+    python -m bench.sessions [--url URL] [--rounds 40] [--contexts 2048,8192,32768] [--json OUT]
 
 Without `--url` it spawns `python -m drafter` (tiny preset, CPU) sized for the longest context.
 """
@@ -29,8 +29,8 @@ import orjson
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.refusals import ServerRefused, exits_2_on_refusal  # noqa: E402
-from bench.server import BenchServer  # noqa: E402
+from bench.harness.refusals import ServerRefused, exits_2_on_refusal  # noqa: E402
+from bench.harness.server import ServerProcess  # noqa: E402
 
 SCENARIOS = {"p=0.9": [0.9], "p=0.6": [0.6], "p=0.3": [0.3], "0.9→0.3": [0.9, 0.3]}
 VERIFY_MS = 25.0  # the server's --target-verify-ms for this run: what the modelled throughput charges
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
         f"--target-verify-ms={VERIFY_MS}",
         "--request-timeout-s=600",
     ]
-    server = None if args.url else BenchServer(server_args)
+    server = None if args.url else ServerProcess(server_args, timeout_s=900)
     try:
         url = args.url or server.wait_ready()
         with httpx.Client(base_url=url, timeout=600) as client:

@@ -1,6 +1,6 @@
 """The servers the tests share: the main server's arguments, `shared_server` (one process per distinct
 argument list for the whole session), and helpers to read /metrics and build draft bodies. Starting a
-process is bench/server.py's `ServerProcess`, the one launcher tests and benchmarks share.
+process is bench/harness/server.py's `ServerProcess`, the one launcher tests and benchmarks share.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import functools
 
 from pytest import StashKey
 
-from bench.server import REPO, ServerProcess
+from bench.harness.server import REPO, ServerProcess
 
 __all__ = ["REPO", "ServerProcess", "shared_server", "metric_value", "draft_body", "main_oracle"]
 

@@ -1,4 +1,4 @@
-"""`python bench/acceptance.py` against real drafter servers: with the target's own weights as the drafter
+"""`python -m bench.acceptance` against real drafter servers: with the target's own weights as the drafter
 every draft is accepted, with an FP8 export of them some are not, and either way the output is exactly
 transformers' greedy generate (lossless). Bad input exits 2 with one line saying why. The loop itself is
 tested in tests/test_speculative.py."""

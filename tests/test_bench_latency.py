@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from bench import baselines, machine
+from bench.harness import baselines, machine
+from bench.harness.runners import engine_round, run_lockstep, sequential_round
+from bench.harness.workload import Conversation
 from bench.latency import parse_args, sweep_cases
-from bench.runners import engine_round, run_lockstep, sequential_round
-from bench.workload import Conversation
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.loader import load_model

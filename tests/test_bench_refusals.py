@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench.refusals import ServerRefused
+from bench.harness.refusals import ServerRefused
 from tests.server_process import MAIN_ARGS, REPO, shared_server
 
 COMMANDS = {

@@ -1,4 +1,4 @@
-"""bench/device_check.py --smoke: the device check's pipeline on CPU, every kind of stage in the device's
+"""bench.device.check --smoke: the device check's pipeline on CPU, every kind of stage in the device's
 order (export, flex and sdpa in-process, a server over HTTP), each in its own process, the report rewritten
 after every stage; and a stage that raises does not sink the run."""
 
@@ -18,7 +18,8 @@ def run_check(tmp_path, *flags: str, work=None) -> tuple[subprocess.CompletedPro
     out, work = tmp_path / "check", work or tmp_path / "work"
     command = [
         sys.executable,
-        "bench/device_check.py",
+        "-m",
+        "bench.device.check",
         "--smoke",
         "--out",
         str(out),
@@ -97,7 +98,7 @@ def test_device_check_survives_a_stage_that_raises(tmp_path):
 
 
 def test_device_check_budget_skips_what_does_not_fit_and_says_so():
-    from bench.device_check import Budget
+    from bench.device.check import Budget
 
     budget = Budget(seconds=10)
     assert budget.allows("a short step", 5)

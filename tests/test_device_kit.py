@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from bench import device_kit
+from bench.device import kit as device_kit
 from tests.server_process import REPO
 
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from bench.prompts import read_prompt_lines
+from bench.harness.prompts import read_prompt_lines
 from bench.testbed.__main__ import main as run_testbed_cli
 from bench.testbed.build import PAIR, MismatchError, build, check
 from bench.testbed.recipe import FULL, MINIATURE

@@ -1,11 +1,11 @@
-"""drafter as a real vLLM's proposer (vLLM's CPU build, its own venv: bench/install_vllm.sh). One vLLM engine
-without speculation gives the reference outputs; one engine with drafter as its `custom_class` proposer runs
-every test, against drafter servers started in turn on the one port it calls: the target's own weights
+"""drafter as a real vLLM's proposer (vLLM's CPU build, its own venv: bench/vllm_target/install.sh). One vLLM
+engine without speculation gives the reference outputs; one engine with drafter as its `custom_class` proposer
+runs every test, against drafter servers started in turn on the one port it calls: the target's own weights
 (drafts accepted), the testbed drafter's FP8 export (other weights: some rejected), and one stopped
 mid-generation. The target is the testbed pair's (head_dim 64: vLLM's CPU attention has no kernel for the
 suite's tiny head sizes). Greedy outputs must equal vLLM's alone, token for token; vLLM's own acceptance
-counters must equal the server's. Batches mix prompt lengths and output lengths over more requests than
-vLLM runs at once, so requests finish and are replaced mid-run (and move between rows).
+counters must equal the server's. Batches mix prompt lengths and output lengths over more requests than vLLM
+runs at once, so requests finish and are replaced mid-run (and move between rows).
 
 Skipped without the vLLM venv. About 2 minutes on a quiet 2-core machine, most of it the two engines' start.
 """
@@ -17,15 +17,15 @@ import time
 import httpx
 import pytest
 
-from bench.server import free_port
+from bench.harness.server import free_port
 from bench.testbed import PAIR, workload_tokens
-from bench.vllm_driver import VllmTarget, vllm_available, vllm_python
+from bench.vllm_target.driver import VllmTarget, vllm_available, vllm_python
 from tests.server_process import ServerProcess, metric_value
 
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(
-        not vllm_available(), reason=f"no vLLM venv at {vllm_python()} (bench/install_vllm.sh)"
+        not vllm_available(), reason=f"no vLLM venv at {vllm_python()} (bench/vllm_target/install.sh)"
     ),
 ]
 

@@ -56,7 +56,7 @@ def file_hashes(directory: Path) -> dict[str, str]:
 
 
 def cpu_name() -> str:
-    from bench.machine import describe
+    from bench.harness.machine import describe
 
     return f"{describe('cpu')['cpu']}, {BUILD_THREADS} threads"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNNING_ON = re.compile(r"Running on http://([\d.]+):(\d+)")
 DEFAULT_COMMAND = [sys.executable, "-m", "drafter", "--host", "127.0.0.1", "--port", "0"]
 

@@ -1,4 +1,4 @@
-"""What the device check runs, in order: production path first, comparisons after (bench/device_check.py).
+"""What the device check runs, in order: production path first, comparisons after (bench/device/check.py).
 
 A stage's `min_s` is the time it needs to be worth starting, `max_s` the most it may take (the run's
 budget caps it further). The minimums and maximums are estimates for Qwen3-0.6B's shape on one H200 with
@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import machine
-from bench.workload import longest_context
+from bench.harness import machine
+from bench.harness.workload import longest_context
 from engine.engine import DTYPES
 from engine.model.presets import PRESETS
 

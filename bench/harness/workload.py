@@ -15,6 +15,7 @@ Seeded, so every variant of one run sees the same contexts (and, drafting identi
 from __future__ import annotations
 
 import random
+import zlib
 
 PATTERNS = ("growing", "cold", "shared")
 
@@ -50,3 +51,13 @@ class Conversation:
 def longest_context(context_len: int, num_draft_tokens: int, num_calls: int) -> int:
     """The most positions a conversation of `num_calls` calls (plus its unmeasured join) can need."""
     return context_len + (num_calls + 1) * (num_draft_tokens + 1) + num_draft_tokens
+
+
+def conversations(case: dict, vocab_size: int, seed: int) -> list[Conversation]:
+    """One conversation per client of a case (`pattern`, `context_len`, `concurrency`), seeded by the case."""
+    # crc32, not hash(): str hashes change between processes, and runs must be reproducible.
+    base = seed * 1_000_003 + zlib.crc32(repr(sorted(case.items())).encode())
+    return [
+        Conversation(case["pattern"], case["context_len"], vocab_size, base + i, prompt_seed=base)
+        for i in range(case["concurrency"])
+    ]

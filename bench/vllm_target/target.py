@@ -1,9 +1,9 @@
 """A vLLM target on the CPU, driven over stdin/stdout: one offline `LLM` engine per process, with speculation
 off, drafter as its `custom_class` proposer, or one of vLLM's own methods. Run it with the vLLM venv's
-Python (bench/install_vllm.sh makes one); bench/vllm_driver.py starts and drives it for the tests and
-bench/vllm_peers.py.
+Python (bench/vllm_target/install.sh makes one); bench/vllm_target/driver.py starts and drives it, by this
+file's path (so it imports nothing of bench/), for the tests and bench/vllm_target/peers.py.
 
-    .venv-vllm/bin/python bench/vllm_target.py --model DIR --speculation drafter --drafter-url URL --k 8
+    .venv-vllm/bin/python bench/vllm_target/target.py --model DIR --speculation drafter --drafter-url URL --k 8
 
 It prints `VLLM_TARGET {"ready": ...}` once the engine is up, then answers each JSON line on stdin,
 `{"prompts": [[ids], ...], "max_tokens": [n, ...]}`, with one `VLLM_TARGET {...}` line: the outputs' token

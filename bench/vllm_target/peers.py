@@ -1,5 +1,5 @@
 """The peer table: what a vLLM user compares before adopting drafter. On the testbed pair, per workload, one
-vLLM CPU engine per way of speculating (bench/vllm_target.py, from the vLLM venv):
+vLLM CPU engine per way of speculating (bench/vllm_target/target.py, from the vLLM venv):
 
 - `alone`: no speculation;
 - `drafter-fp8`, `drafter-bf16`: drafter as vLLM's proposer, serving the pair's drafter as its FP8
@@ -13,7 +13,7 @@ accepted tokens per step (1 + accepted / drafts, vLLM's mean acceptance length),
 spent waiting in drafter's `propose`, a projected GPU speedup (`projected_speedup`: these acceptance
 figures at H100 costs), and whether the outputs equal `alone`'s token for token.
 
-    python bench/vllm_peers.py --out out/vllm-peers         # about 10 minutes on 2 cores
+    python -m bench.vllm_target.peers --out out/vllm-peers         # about 10 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.projection import GpuModel
-from bench.server import ServerProcess, free_port
+from bench.harness.projection import GpuModel
+from bench.harness.server import ServerProcess, free_port
 from bench.testbed import PAIR, workload_tokens
-from bench.vllm_driver import VllmTarget, vllm_available, vllm_python
+from bench.vllm_target.driver import VllmTarget, vllm_available, vllm_python
 
 WORKLOADS = ("prose", "code", "edit")
 DRAFTER_SERVED = {"drafter-fp8": "drafter-fp8-weight-only", "drafter-bf16": "drafter"}
@@ -98,9 +98,9 @@ def best_run(vllm: VllmTarget, batch: list[list[int]], args) -> dict:
 
 
 def projected_speedup(mode: str, row: dict, model: GpuModel) -> float:
-    """The measured acceptance replayed at H100 costs (bench/projection.py's floors): a step verifies at
-    `verify_ms` whatever its drafts (memory-bound), and drafting k tokens costs the server's overhead plus k
-    draft steps (FP8 or bf16 weights); vLLM's in-process methods pay no HTTP, ngram no model."""
+    """The measured acceptance replayed at H100 costs (bench/harness/projection.py's floors): a step verifies
+    at `verify_ms` whatever its drafts (memory-bound), and drafting k tokens costs the server's overhead plus
+    k draft steps (FP8 or bf16 weights); vLLM's in-process methods pay no HTTP, ngram no model."""
     if mode == "alone" or not row["num_drafts"]:
         return 1.0
     drafts_per_step = row["num_draft_tokens"] / row["num_drafts"]
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     if "alone" not in modes:
         modes.insert(0, "alone")  # the baseline of every ratio and of the lossless check
     if not vllm_available():
-        parser.error(f"no vLLM venv at {vllm_python()}: run bash bench/install_vllm.sh")
+        parser.error(f"no vLLM venv at {vllm_python()}: run bash bench/vllm_target/install.sh")
     started = time.monotonic()
     prompts = {name: workload_tokens(name)[: args.num_prompts] for name in workloads}
     results = {mode: measure(mode, args, prompts) for mode in modes}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from bench import report
+from bench.harness import report
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The device check's stages, each run in a process of its own by bench/device_check.py:
+"""The device check's stages, each run in a process of its own by bench/device/check.py:
 
-    python -m bench.device_stages SPEC.json
+    python -m bench.device.stages SPEC.json
 
 SPEC names the stage (`export`, `engine`), its parameters and the file its result goes to. An `engine`
 stage measures one checkpoint on one path, in-process or over HTTP, and rewrites its result file after
@@ -23,9 +23,9 @@ import httpx
 import numpy as np
 import torch
 
-from bench import machine, overhead, report, runners
-from bench.latency import conversations
-from bench.server import ServerProcess
+from bench.harness import call_cost, machine, report, runners
+from bench.harness.server import ServerProcess
+from bench.harness.workload import conversations
 from drafter.scheduling.batcher import CONTENTION_COOL_DOWN_S
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
@@ -200,8 +200,8 @@ def over_http(spec: dict, result: Result, device: str) -> None:
         time.sleep(CONTENTION_COOL_DOWN_S)  # after the 4-client cases, the loop drafts again only then
         costs = []
         for length in sorted({min(n, cfg["max_seq_len"] - 2) for n in OVERHEAD_CONTEXTS}):
-            costs += overhead.measure(
-                [server.url], overhead.context_tokens(length), 1, 10 * spec["calls"], 1, False
+            costs += call_cost.measure(
+                [server.url], call_cost.context_tokens(length), 1, 10 * spec["calls"], 1, False
             )
         facts["overhead"] = [{k: row[k] for k in OVERHEAD_FIELDS} for row in costs]
         metrics = httpx.get(f"{server.url}/metrics").text

@@ -1,7 +1,7 @@
 """What the suffix index (drafter/sessions/suffix_index.py) costs on the CPU at an 8k-token context, and what
 the server's suffix drafts (drafter/sessions/suffix_drafts.py) cost a call.
 
-    python bench/suffix_cost.py [--tokens 8192] [--global-tokens 65536] [--max-depth 24] [--reps 2000]
+    python -m bench.suffix.cost [--tokens 8192] [--global-tokens 65536] [--max-depth 24] [--reps 2000]
 
 One sequence of real token ids (the testbed workloads, concatenated and cycled to length, so its tail occurs
 earlier too, as an edited file's or a repeated answer's would) is indexed with `add`; then `extend` by 1 and

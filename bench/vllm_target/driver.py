@@ -1,6 +1,7 @@
-"""Starts a vLLM target (bench/vllm_target.py) under the vLLM venv's Python and drives it: the tests and
-bench/vllm_peers.py share this. The venv is `.venv-vllm` at the repository root (bench/install_vllm.sh
-makes it) or the Python named by DRAFTER_VLLM_PYTHON. No vLLM import here: this runs in the project's venv.
+"""Starts a vLLM target (bench/vllm_target/target.py) under the vLLM venv's Python and drives it: the tests
+and bench/vllm_target/peers.py share this. The venv is `.venv-vllm` at the repository root
+(bench/vllm_target/install.sh makes it) or the Python named by DRAFTER_VLLM_PYTHON. No vLLM import here: this
+runs in the project's venv.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from bench.server import REPO
+from bench.harness.server import REPO
 
-MARK = "VLLM_TARGET "  # bench/vllm_target.py's answer lines
+MARK = "VLLM_TARGET "  # bench/vllm_target/target.py's answer lines
 STARTUP_TIMEOUT_S = 600  # 35-55 s on a quiet 2-core machine; a busy one triples it
 
 
@@ -33,7 +34,7 @@ class VllmTarget:
 
     def __init__(self, model: Path, speculation: str = "none", *, env: dict | None = None, **options):
         fd, self.log_path = tempfile.mkstemp(prefix="vllm-target-", suffix=".log")
-        args = [str(vllm_python()), str(REPO / "bench" / "vllm_target.py"), "--model", str(model)]
+        args = [str(vllm_python()), str(REPO / "bench" / "vllm_target" / "target.py"), "--model", str(model)]
         args += ["--speculation", speculation]
         for name, value in options.items():
             args += [f"--{name.replace('_', '-')}", str(value)]

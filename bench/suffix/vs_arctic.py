@@ -1,7 +1,7 @@
 """Our suffix index (drafter/sessions/suffix_index.py) against Snowflake's arctic-inference, the library
 vLLM's `suffix` method uses: the same drafts, and what each costs, on the same histories.
 
-    python bench/suffix_vs_arctic.py [--prompts 3000] [--tokens 8192]
+    python -m bench.suffix.vs_arctic [--prompts 3000] [--tokens 8192]
 
 Run it where `arctic_inference` imports (its suffix module is C++ built from an sdist; see
 bench/README.md for the recipe); drafter's index is pure Python and needs only this checkout on the path.
@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from bench.suffix_cost import UNSEEN, cpu_name, workload_tokens
+from bench.suffix.cost import UNSEEN, cpu_name, workload_tokens
 from drafter.sessions.suffix_index import SuffixIndex
 
 RULES = dict(max_spec_factor=1.0, max_spec_offset=0.0, min_token_prob=0.1)

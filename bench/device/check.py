@@ -1,10 +1,10 @@
 """One command for a CUDA machine with no network: test, export and measure the drafter in stages, in a budget.
 
-    bash bench/device_check.sh --out DIR               # CUDA, with the device kit (bench/device_kit.py)
-    python bench/device_check.py --out DIR             # CUDA, where the packages are installed
-    python bench/device_check.py --smoke --out DIR     # CPU: the tiny preset, a minute (the suite runs it)
+    bash bench/device/check.sh --out DIR               # CUDA, with the device kit (bench/device/kit.py)
+    python -m bench.device.check --out DIR             # CUDA, where the packages are installed
+    python -m bench.device.check --smoke --out DIR     # CPU: the tiny preset, a minute (the suite runs it)
 
-Stages, in this order, each in a process of its own (bench/device_stages.py) under a deadline that the
+Stages, in this order, each in a process of its own (bench/device/stages.py) under a deadline that the
 whole run's budget (`--budget-s`, 450 s: the check must end within 8 minutes of one H200, cold compiles
 included) caps, so no stage can overrun it: a stage that would is stopped, and what it measured so far is
 kept. A stage that fails or is stopped is recorded with why; the next one still runs.
@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from bench import machine
-from bench.device_plan import Stage, plan
-from bench.device_report import markdown, plot
-from bench.server import REPO
+from bench.device.plan import Stage, plan
+from bench.device.report import markdown, plot
+from bench.harness import machine
+from bench.harness.server import REPO
 
 WRITE_RESERVE_S = 10  # kept back from every deadline, for the reports
 
@@ -105,7 +105,7 @@ def run_stage(stage: Stage, out: Path, work: Path, timeout_s: float) -> dict:
         else:
             spec_path = work / "stages" / f"{stage.slug}.spec.json"
             spec_path.write_text(json.dumps(stage.spec))
-            command = [sys.executable, "-m", "bench.device_stages", str(spec_path)]
+            command = [sys.executable, "-m", "bench.device.stages", str(spec_path)]
         # A process group of its own: a stage stopped at its deadline takes its children (a server it
         # spawned, pytest's) with it, so none holds the GPU or a port into the next stage.
         process = subprocess.Popen(

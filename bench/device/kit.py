@@ -1,7 +1,7 @@
 """The device kit: the Python packages a GPU host without network lacks, as wheels made on a machine with one.
 
-    python -m bench.device_kit fetch          # here (no GPU needed): wheels into build/device-kit/
-    bash bench/device_check.sh --out DIR      # there: installs them into build/device-site/, runs the check
+    python -m bench.device.kit fetch          # here (no GPU needed): wheels into build/device-kit/
+    bash bench/device/check.sh --out DIR      # there: installs them into build/device-site/, runs the check
 
 The GPU image the device check is written for has Python 3.12, torch 2.11, transformers, numpy, httpx, h11,
 safetensors, pytest, hypothesis, prometheus-client, anyio and uvloop, and nothing can be installed on it from
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KIT_DIR = REPO / "build" / "device-kit"
 MAX_KIT_BYTES = 48 * 2**20  # the whole working tree that travels to the device may be 64 MiB
 PYTHON_VERSION = "3.12"

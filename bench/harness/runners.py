@@ -13,8 +13,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from bench.refusals import NoDrafts
-from bench.workload import Conversation
+from bench.harness.refusals import NoDrafts
+from bench.harness.workload import Conversation
 from drafter.client import AsyncDraftClient
 from engine.requests import DraftRequest
 

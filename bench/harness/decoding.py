@@ -1,0 +1,140 @@
+"""A transformers target decoding greedily, alone (the reference) and with drafts from a drafter server
+(drafter/integrations/transformers_generate.py, through drafter.client), and the servers it drafts from:
+--url's, or for a testbed pair servers started on its drafter, told the target's measured verify time.
+The decoding loop bench/acceptance.py measures, and bench/ahead.py and bench/suffix/oracle.py reuse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import drafter.integrations.target
+from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
+from drafter.client import DraftClient, TransportError
+from drafter.integrations.transformers_generate import SpeculationStats, speculative_decoding
+
+# transformers imports torchao, whose CPU-only import chatter is not the user's concern.
+for noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(noisy).setLevel(logging.ERROR)
+
+DRAFT_TIMEOUT_S = 60  # a benchmark waits for every draft; a target would not (drafter.client's policy)
+TESTBED_DRAFTERS = {  # a testbed pair's drafters, by the name --drafter gives them
+    "weight-only": "drafter-fp8-weight-only",
+    "dynamic": "drafter-fp8-dynamic",
+    "bf16": "drafter",
+}
+
+
+def server_info(client: DraftClient) -> dict:
+    """/info once the server is ready; every failure becomes a BenchError naming the server."""
+    try:
+        ready = client.get("/health/ready", timeout_s=DRAFT_TIMEOUT_S)
+        if ready.status != 200:
+            raise BenchError(f"the drafter at {client.url} is not ready: {ready.content[:200]!r}")
+        return client.info()
+    except TransportError as error:
+        raise BenchError(f"cannot reach the drafter at {client.url}: {error}") from None
+
+
+@torch.inference_mode()
+def target_greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = False) -> list[int]:
+    """The reference: transformers' own greedy decoding, new tokens only."""
+    return generate(model, prompt, max_new_tokens, stop_at_eos)
+
+
+def speculative_greedy(
+    model, client, prompt, max_new_tokens: int, stats: SpeculationStats, stop_at_eos: bool, source: str
+):
+    skipped = stats.num_skipped
+    kwargs = dict(
+        draft_client=client,
+        num_draft_tokens=stats.num_draft_tokens,
+        speculation_stats=stats,
+        draft_source=source,
+    )
+    new = generate(model, prompt, max_new_tokens, stop_at_eos, custom_generate=speculative_decoding, **kwargs)
+    if stats.num_skipped > skipped:
+        raise BenchError(f"{stats.num_skipped - skipped} draft calls to {client.url} failed (see its log)")
+    return new
+
+
+def generate(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool, **kwargs) -> list[int]:
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0 if stop_at_eos else max_new_tokens,
+        **kwargs,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def load_target(directory: Path, device: str, dtype: str):
+    try:
+        return drafter.integrations.target.load_target(directory, device, dtype)
+    except ValueError as error:
+        raise BenchError(str(error)) from None
+
+
+def timed(function, *args) -> tuple[list[int], float]:
+    started = time.perf_counter()
+    out = function(*args)
+    return out, time.perf_counter() - started
+
+
+def verify_ms_per_token(model, warmup: list[int], args) -> float:
+    """The target's greedy decode, ms per token (after one untimed run): what `"auto"` weighs k against."""
+    target_greedy(model, warmup, args.max_new_tokens, False)
+    _, seconds = timed(target_greedy, model, warmup, args.max_new_tokens, False)
+    return 1e3 * seconds / args.max_new_tokens
+
+
+@contextlib.contextmanager
+def started_server(flags: list[str]):
+    """A drafter server with these flags, stopped after."""
+    from bench.harness.server import ServerProcess
+
+    server = ServerProcess(flags, timeout_s=300)
+    try:
+        url = server.wait_ready()
+    except (RuntimeError, TimeoutError) as error:
+        server.close()
+        raise BenchError(f"the drafter server for --testbed did not start: {error}") from None
+    try:
+        yield url
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def drafter_url(args, model):
+    """The server to use, the verify time it was told, and `connect()`, a client for one run: --url's server,
+    or for --testbed servers on the pair's drafter, a fresh one per run (see bench/acceptance.py's
+    measure_workload)."""
+    if args.url:
+        yield args.url, None, lambda: DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
+        return
+    [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+    verify_ms = verify_ms_per_token(model, warmup, args)
+    model_dir = args.testbed / TESTBED_DRAFTERS[args.drafter]
+    flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
+    print(f"drafter servers on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
+
+    @contextlib.contextmanager
+    def connect():
+        with (
+            started_server(flags) as url,
+            DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
+        ):
+            yield client
+
+    with started_server(flags) as url:
+        yield url, verify_ms, connect

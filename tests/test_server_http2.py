@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
-import time
 
-import h2.config
-import h2.connection
-import h2.events
 import httpx
 import orjson
 import pytest
 
+from tests.h2_client import RawH2
 from tests.server_process import MAIN_ARGS, MAX_BODY_BYTES, draft_body, main_oracle, shared_server
 
 
@@ -39,79 +35,6 @@ def test_http2_multiplexed_drafts_equal_engine_drafts(url):
     assert [r.status_code for r in responses] == [200] * len(contexts)
     oracle = main_oracle()
     assert [r.json()["tokens"] for r in responses] == [oracle.draft(c, 8) for c in contexts]
-
-
-class RawH2:
-    """A bare HTTP/2 client, so a test can hold a request's body back until after its answer could come."""
-
-    def __init__(self, url: str):
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        self.authority = f"{host}:{port}"
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        self.conn.initiate_connection()
-        self.flush()
-        self.status: dict[int, int] = {}
-        self.body: dict[int, bytes] = {}
-        self.ended: set[int] = set()
-        self.closed = False
-
-    def flush(self) -> None:
-        self.sock.sendall(self.conn.data_to_send())
-
-    def headers(self, content_type: str, length: int, end_stream: bool = False) -> int:
-        stream = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(
-            stream,
-            [(":method", "POST"), (":path", "/draft"), (":scheme", "http"), (":authority", self.authority),
-             ("content-type", content_type), ("content-length", str(length))],
-            end_stream=end_stream,
-        )  # fmt: skip
-        self.flush()
-        return stream
-
-    def data(self, stream: int, payload: bytes) -> None:
-        for start in range(0, len(payload), 16384):  # the default max frame size
-            self.conn.send_data(stream, payload[start : start + 16384], end_stream=False)
-        self.conn.end_stream(stream)
-        self.flush()
-
-    def post(self, payload: bytes) -> int:
-        stream = self.headers("application/json", len(payload))
-        self.data(stream, payload)
-        return stream
-
-    def receive(self, until: set[int], timeout_s: float = 10, status_of: int | None = None) -> None:
-        """Read events until every stream in `until` has ended (or `status_of` has its status), the connection
-        closes, or time runs out."""
-        deadline = time.monotonic() + timeout_s
-
-        def waiting() -> bool:
-            return status_of not in self.status if status_of is not None else not until <= self.ended
-
-        while waiting() and not self.closed and time.monotonic() < deadline:
-            self.sock.settimeout(max(deadline - time.monotonic(), 0.01))
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            if not data:
-                self.closed = True
-                break
-            for event in self.conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
-                    self.status[event.stream_id] = int(dict(event.headers)[b":status"])
-                elif isinstance(event, h2.events.DataReceived):
-                    self.body[event.stream_id] = self.body.get(event.stream_id, b"") + event.data
-                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
-                    self.ended.add(event.stream_id)
-                elif isinstance(event, h2.events.ConnectionTerminated):
-                    self.closed = True
-            self.flush()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 EARLY_REFUSALS = {

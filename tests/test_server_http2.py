@@ -1,11 +1,13 @@
 """HTTP/2 (cleartext, prior knowledge), which Hypercorn speaks next to HTTP/1.1 on the same port: drafts
-multiplexed on one connection equal the engine's, and a request refused before its body arrives (415, 413 by
-Content-Length) ends only that stream, never the connection and the drafts multiplexed on it."""
+multiplexed on one connection equal the engine's, and a request refused before its body arrives (401, 415,
+413 by Content-Length) is answered at once, even when its body is larger than the flow-control windows, and
+ends only that stream, never the connection and the drafts multiplexed on it."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import httpx
 import orjson
@@ -14,10 +16,22 @@ import pytest
 from tests.h2_client import RawH2
 from tests.server_process import MAIN_ARGS, MAX_BODY_BYTES, draft_body, main_oracle, shared_server
 
+API_KEY = "h2-test-key"
+AUTH = {"authorization": f"Bearer {API_KEY}"}
+WINDOW = 65_535  # HTTP/2's initial connection and stream flow-control windows, which Hypercorn keeps
+BIG_BODY = b" " * (2 * WINDOW + 1000)  # arrives whole only if the server keeps handing the windows back
+ANSWER_WITHIN_S = 1.0  # a refusal takes tens of milliseconds here, even beside 32 drafts
+
 
 @pytest.fixture(scope="module")
 def url(request):
     return shared_server(request.config, MAIN_ARGS).url
+
+
+@pytest.fixture(scope="module")
+def keyed_url(request):
+    """The main server with an API key, so a request can be refused 401 too."""
+    return shared_server(request.config, [*MAIN_ARGS, f"--api-key={API_KEY}"]).url
 
 
 def test_http2_multiplexed_drafts_equal_engine_drafts(url):
@@ -63,5 +77,40 @@ def test_http2_early_refusal_ends_only_its_own_stream(url, name):
         assert orjson.loads(client.body[refused])["error"]["param"] is None
         expected = main_oracle().draft([5, 6, 7, 8], 4)
         assert orjson.loads(client.body[after])["tokens"] == expected
+    finally:
+        client.close()
+
+
+def test_http2_refusals_of_bodies_over_the_window_answer_at_once_beside_32_drafts(keyed_url):
+    """Fault: with 32 drafts in flight on one connection, a refused stream whose body was larger than the
+    connection's window got no answer while its client was still sending. Each round puts 32 drafts and a
+    401, a 413 (by Content-Length) and a 415 on the same connection, the refused bodies sent while the
+    answers are due: every refusal is answered in full (its stream ended) within a second."""
+    rng = random.Random(41)
+    distinct = [[rng.randrange(1024) for _ in range(rng.randrange(1, 200))] for _ in range(4)]
+    contexts = distinct * 8  # 32 drafts in flight; the in-process oracle drafts only the 4 distinct ones
+    oracle = main_oracle()
+    expected = [oracle.draft(c, 4) for c in distinct] * 8
+    client = RawH2(keyed_url, headers=AUTH)
+    try:
+        for round_ in range(4):
+            drafts = [client.post(orjson.dumps(draft_body(c, 4))) for c in contexts]
+            refused = {
+                client.headers("application/json", len(BIG_BODY), auth=False): 401,
+                client.headers("application/json", len(BIG_BODY)): 413,  # over the cap by Content-Length
+                client.headers("text/plain", len(BIG_BODY)): 415,
+            }
+            sent = time.monotonic()
+            for stream in refused:
+                client.data(stream, BIG_BODY)  # as fast as the server hands the windows back
+            client.receive({*drafts, *refused}, timeout_s=30)
+            assert not client.closed, f"round {round_}: the connection was torn down"
+            took = {s: round(client.ended_at[s] - sent, 3) if s in client.ended else None for s in refused}
+            assert all(t is not None and t < ANSWER_WITHIN_S for t in took.values()), (
+                f"round {round_}: {took}"
+            )
+            assert {s: client.status[s] for s in refused} == refused
+            assert [client.status[s] for s in drafts] == [200] * len(drafts), f"round {round_}"
+            assert [orjson.loads(client.body[s])["tokens"] for s in drafts] == expected
     finally:
         client.close()

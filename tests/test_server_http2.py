@@ -1,7 +1,8 @@
 """HTTP/2 (cleartext, prior knowledge), which Hypercorn speaks next to HTTP/1.1 on the same port: drafts
-multiplexed on one connection equal the engine's, and a request refused before its body arrives (401, 415,
-413 by Content-Length) is answered at once, even when its body is larger than the flow-control windows, and
-ends only that stream, never the connection and the drafts multiplexed on it."""
+multiplexed on one connection equal the engine's, and a request answered before its body arrived (401, 415,
+413 by Content-Length; 408 at the body deadline) is answered at once, even when its body is larger than the
+flow-control windows, and ends only its own stream (once its body has ended, however late), never the
+connection and the drafts multiplexed on it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ import httpx
 import orjson
 import pytest
 
+from drafter.server.request_body import AnswerEarlyThenDrain, BodyDeadlines
 from tests.h2_client import RawH2
-from tests.server_process import MAIN_ARGS, MAX_BODY_BYTES, draft_body, main_oracle, shared_server
+from tests.server_process import (
+    BODY_TIMEOUT_S,
+    MAIN_ARGS,
+    MAX_BODY_BYTES,
+    draft_body,
+    main_oracle,
+    shared_server,
+)
 
 API_KEY = "h2-test-key"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
@@ -114,3 +123,60 @@ def test_http2_refusals_of_bodies_over_the_window_answer_at_once_beside_32_draft
             assert [orjson.loads(client.body[s])["tokens"] for s in drafts] == expected
     finally:
         client.close()
+
+
+def test_http2_a_body_still_arriving_after_its_deadline_never_tears_down_the_connection(keyed_url):
+    """A stream answered before its body ended (415 at once, 408 at the body deadline) stays open until the
+    body has ended, however late: Hypercorn tears the whole connection down, drafts and all, on a DATA frame
+    for a stream whose answer has ended (the fault: a drain that gave up at the body deadline did that)."""
+    good = orjson.dumps(draft_body([5, 6, 7, 8], 4))
+    client = RawH2(keyed_url, headers=AUTH)
+    try:
+        refused = client.headers("text/plain", len(BIG_BODY))
+        slow = client.headers("application/json", len(good))  # a valid draft whose body stalls
+        client.data(refused, BIG_BODY[:1000], end=False)  # both bodies go on only after the deadlines
+        client.data(slow, good[:5], end=False)
+        client.receive(set(), timeout_s=5, status_of=refused)
+        client.receive(set(), timeout_s=BODY_TIMEOUT_S + 5, status_of=slow)
+        assert (client.status.get(refused), client.status.get(slow)) == (415, 408)
+        client.pump(0.3)  # whatever the server sends at the deadlines is read before the bodies go on
+        client.data(refused, BIG_BODY[1000:])
+        client.data(slow, good[5:])
+        drafts = [client.post(good) for _ in range(8)]
+        client.receive({refused, slow, *drafts})
+        assert not client.closed, f"the connection was torn down; answered: {client.status}"
+        assert [client.status[s] for s in drafts] == [200] * len(drafts)
+        assert {refused, slow} <= client.ended
+    finally:
+        client.close()
+
+
+def test_http2_a_drain_outlives_body_deadlines_and_ends_at_shutdown():
+    """In process: a refused HTTP/2 stream whose client sends nothing more stays open past many body
+    deadlines, and a server shutdown (every deadline expired) ends it at once."""
+    deadlines = BodyDeadlines(timeout_s=0.02)
+    body: asyncio.Queue = asyncio.Queue()
+    sent: list[dict] = []
+
+    async def refuse(scope, receive, send) -> None:  # answers without reading the body
+        await send({"type": "http.response.start", "status": 415, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    async def run() -> None:
+        middleware = AnswerEarlyThenDrain(refuse, deadlines, max_discard_bytes=100)
+        scope = {"type": "http", "http_version": "2", "headers": []}
+        stream = asyncio.create_task(middleware(scope, body.get, send))
+        await asyncio.sleep(0.2)  # ten body deadlines
+        await body.put({"type": "http.request", "body": b"late", "more_body": True})
+        await asyncio.sleep(0.05)
+        assert not stream.done(), "the stream ended before its body did"
+        answer = {"type": "http.response.body", "body": b"{}", "more_body": True}  # all of it, stream open
+        assert sent[-1] == answer
+        deadlines.expire_all()
+        await asyncio.wait_for(stream, 1)
+
+    asyncio.run(run())
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}

@@ -7,7 +7,8 @@
 - `AnswerEarlyThenDrain` (ASGI middleware): an answer given before the body was read (401, 413 by
   Content-Length, 415, 503, 404) goes out at once; what is left of the body is read and dropped before the
   answer ends, so the connection (HTTP/1.1) or the other streams (HTTP/2) stay usable. An HTTP/1.1 body
-  announced over the cap is never read: its connection is closed after the answer.
+  announced over the cap is never read: its connection is closed after the answer. An HTTP/2 stream (a
+  408's too) ends only once its body has, however late, or at a server shutdown.
 
 It knows nothing of drafts: bytes in, bytes out.
 """
@@ -104,17 +105,21 @@ def announced_length(scope: Scope) -> int:
 
 class AnswerEarlyThenDrain:
     """An answer the app gives before it read the whole request body (401, 413 by Content-Length, 415, 503,
-    404) goes out at once: its status, headers and body bytes are sent before any more of the request body
-    is read. What is left of the body is then read and dropped, within the body deadline, and only then is
-    the answer ended, because Hypercorn closes an HTTP/1.1 connection, and tears down an HTTP/2 connection
-    with every draft multiplexed on it, when a stream ends before its request body did:
-    - HTTP/1.1: the client has the whole answer at once (its Content-Length says where it ends); the drain
-      keeps the connection for the next request. A body announced over `max_discard_bytes` is never read:
-      the answer says `Connection: close` and ends at once, so a refused client (an unauthenticated one with
-      a huge Content-Length, say) holds a connection no longer than it takes to write the answer.
-    - HTTP/2: the answer's frames go out at once and the stream ends after the drain; the connection's other
-      streams go on. (An ASGI app cannot reset one stream, so an announced body over the cap is drained too,
-      bounded by the deadline and the stream's flow-control window.)
+    404, 408) goes out at once: its status, headers and body bytes are sent before any more of the request
+    body is read. What is left of the body is then read and dropped, and only then is the answer ended,
+    because Hypercorn closes an HTTP/1.1 connection, and tears down an HTTP/2 connection with every draft
+    multiplexed on it, when a stream ends before its request body did:
+    - HTTP/1.1: the client has the whole answer at once (its Content-Length says where it ends); the drain,
+      within the body deadline, keeps the connection for the next request. A body announced over
+      `max_discard_bytes` is never read: the answer says `Connection: close` and ends at once, so a refused
+      client (an unauthenticated one with a huge Content-Length, say) holds a connection no longer than it
+      takes to write the answer. A 408's body is not coming: its answer ends at once.
+    - HTTP/2: the answer's frames go out at once and the stream ends when its body has, however long that
+      takes: Hypercorn 0.18 answers a DATA frame for a stream whose answer has ended with a KeyError that
+      tears the connection down, so a deadline here would turn one slow body into the loss of every stream
+      on its connection. (An ASGI app cannot reset one stream, so an announced body over the cap is drained
+      too, as fast as the client sends it; a stream whose client sends nothing more costs a parked task
+      until the client resets it, hangs up, or the server shuts down.)
     """
 
     def __init__(self, app: ASGIApp, deadlines: BodyDeadlines, max_discard_bytes: int):
@@ -137,20 +142,25 @@ class AnswerEarlyThenDrain:
             nonlocal body_done, drain
             if message["type"] == "http.response.start" and not body_done:
                 body_done = True  # the app reads no more of it
-                drain = message["status"] != BODY_TIMEOUT_STATUS  # a timed-out body is not coming
+                # A timed-out body is not coming; but an HTTP/2 stream must outlive it all the same.
+                drain = http2 or message["status"] != BODY_TIMEOUT_STATUS
                 if drain and not http2 and announced_length(scope) > self.max_discard_bytes:
                     drain = False  # never read: the answer ends at once and the connection closes
                     message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             elif drain and message["type"] == "http.response.body" and not message.get("more_body"):
                 drain = False
                 await send({**message, "more_body": True})  # the whole answer, now
-                await self.discard(receive, limit=None if http2 else self.max_discard_bytes)
+                if http2:
+                    await self.discard_stream(receive)
+                else:
+                    await self.discard(receive, limit=self.max_discard_bytes)
                 message = {"type": "http.response.body", "body": b"", "more_body": False}
             await send(message)
 
         await self.app(scope, tracked_receive, send_early)
 
-    async def discard(self, receive: Receive, limit: int | None) -> None:
+    async def discard(self, receive: Receive, limit: int) -> None:
+        """HTTP/1.1: read and drop up to `limit` bytes, within the body deadline."""
         size = 0
         with contextlib.suppress(BodyTimeout):
             async with self.deadlines.within():
@@ -159,5 +169,21 @@ class AnswerEarlyThenDrain:
                     size += len(message.get("body", b""))
                     if message["type"] != "http.request" or not message.get("more_body"):
                         return
-                    if limit is not None and size > limit:
+                    if size > limit:
                         return
+
+    async def discard_stream(self, receive: Receive) -> None:
+        """HTTP/2: read and drop until the body ends or the client goes. Hypercorn hands a DATA frame's
+        flow-control window back once the frame is queued for the app (10 messages a stream), so reading on
+        is what keeps the client's window open. The body deadline only wakes it to see whether the server
+        is shutting down, the one time it gives up on a body."""
+        while True:
+            try:
+                async with self.deadlines.within():
+                    message = await receive()
+            except BodyTimeout:
+                if self.deadlines.expired:
+                    return
+                continue
+            if message["type"] != "http.request" or not message.get("more_body"):
+                return

@@ -180,3 +180,19 @@ def test_docs_site_builds_strict(tmp_path):
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line or "ERROR" in line]
     assert result.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(warnings or [result.stderr])
+
+
+def test_the_api_page_lists_every_error_the_server_answers():
+    """Every (status, type) an ApiError is raised with, Starlette's own 404 and 405, and Hypercorn's 431."""
+    from drafter.server.errors import HTTP_TYPES
+
+    raised = set()
+    for path in (ROOT / "drafter").rglob("*.py"):
+        found = re.findall(r"ApiError\(\s*(\d{3}),\s*\"(\w+)\"", path.read_text())
+        raised.update((int(status), kind) for status, kind in found)
+    raised.update(HTTP_TYPES.items())
+    assert len(raised) >= 12, raised
+    api = (ROOT / "docs" / "api.md").read_text()
+    for status, kind in sorted(raised):
+        assert f"| `{status}` | `{kind}` |" in api, f"docs/api.md does not list {status} {kind}"
+    assert "`431`" in api

@@ -154,7 +154,9 @@ def test_serve_sh_with_no_arguments_serves_tiny_on_cpu(tmp_path):
     if not port_is_free(8000):
         pytest.skip("port 8000, serve.sh's default, is taken on this machine")
     # From an unrelated directory, with no flags and no DRAFTER_* variables.
-    server = ServerProcess([], command=[str(REPO / "serve.sh")], env=clean_environ(), cwd=tmp_path)
+    # PYTHON: serve.sh runs this test's interpreter, not whatever .venv or python the checkout has.
+    env = clean_environ(PYTHON=sys.executable)
+    server = ServerProcess([], command=[str(REPO / "serve.sh")], env=env, cwd=tmp_path)
     try:
         url = server.wait_ready()
         assert url == "http://127.0.0.1:8000"

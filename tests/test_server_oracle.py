@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import httpx
 import pytest
 import torch
@@ -26,7 +28,8 @@ def served(hf_checkpoint):
         "--max-seq-len",
         "1024",
     ]
-    server = ServerProcess(args, command=[str(REPO / "serve.sh")])
+    # PYTHON: serve.sh runs this test's interpreter, not whatever .venv or python the checkout has.
+    server = ServerProcess(args, command=[str(REPO / "serve.sh")], env={"PYTHON": sys.executable})
     try:
         yield model, server.wait_ready()
     finally:

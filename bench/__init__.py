@@ -11,6 +11,7 @@ client_overhead, sessions, pool_scaling, dtype_agreement, proposer_batch); the r
 - vllm_target/: vLLM as the target, run from its own venv, and the peer table measured with it;
 - suffix/: studies of the suffix index and suffix drafts;
 - testbed/: the committed target/drafter pair trained here, and its workloads.
+- realpair/: the real pretrained pair (Qwen2.5-Coder 1.5B and 0.5B), fetched from the package index.
 
 Imports run one way: harness/ imports from no other room and no benchmark; the rooms and the benchmarks
 import the harness (and the testbed's pair and workloads); nothing imports a benchmark except the tests.

@@ -1,5 +1,6 @@
 """`python -m export SRC DST [--mode weight-only|dynamic] [--force]`: an FP8 per-tensor checkpoint of a
-Qwen3 (a local HF directory, a hub id, or a preset such as `tiny`) that our engine, vLLM and SGLang load.
+Qwen3 (a local HF directory, a GGUF file, a hub id, or a preset such as `tiny`) that our engine, vLLM and
+SGLang load. A GGUF is first converted to a bf16 HF directory beside DST (`export/gguf.py`), removed after.
 
 Writes `DST/config.json`, `DST/model.safetensors`, the tokenizer files and `DST/report.json` (quantization
 error against the unquantized model). Bad input exits non-zero with one line saying why.
@@ -44,7 +45,11 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
     destination = Path(destination).expanduser()
     if destination.exists() and not force:  # before any download or work; checked again when writing
         raise ExportError(f"destination {str(destination)!r} already exists; pass --force to replace it")
-    with tempfile.TemporaryDirectory(prefix="drafter-export-") as scratch:
+    scratch_parent = None
+    if Path(source).expanduser().is_file():  # a GGUF: its bf16 conversion is model-sized, so not in /tmp
+        scratch_parent = destination.parent
+        scratch_parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{destination.name}.source-", dir=scratch_parent) as scratch:
         directory = resolve_source(source, Path(scratch))
         if destination.resolve() == directory.resolve():
             raise ExportError("destination is the source directory; choose another destination")
@@ -71,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "source",
         metavar="SRC",
-        help="Qwen3 directory, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
+        help="Qwen3 directory, GGUF file, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
     )
     parser.add_argument("destination", metavar="DST", help="directory to create")
     parser.add_argument("--mode", default="weight-only", help="weight-only (default) or dynamic")

@@ -43,10 +43,14 @@ class ExportError(Exception):
 
 
 def resolve_source(source: str, scratch: Path) -> Path:
-    """A local HF directory for `source`: the directory itself, a preset written into `scratch`, or a hub
-    snapshot. Refuses anything that is not a Qwen3 checkpoint our engine can serve."""
+    """A local HF directory for `source`: the directory itself, a GGUF file or a preset written into
+    `scratch`, or a hub snapshot. Refuses anything that is not a Qwen3 checkpoint our engine can serve."""
     path = Path(source).expanduser()
-    if path.exists():
+    if path.is_file():  # export.gguf refuses, in one line, a file that is not a GGUF of a served family
+        from export.gguf import convert_gguf
+
+        directory = convert_gguf(path, scratch / "hf")
+    elif path.exists():
         directory = path
     elif is_preset(source):
         directory = write_preset(source, scratch / source)
@@ -54,7 +58,7 @@ def resolve_source(source: str, scratch: Path) -> Path:
         directory = download(source)
     else:
         raise ExportError(
-            f"source {source!r} does not exist; expected a Qwen3 directory, a hub id (owner/name) "
+            f"source {source!r} does not exist; expected a Qwen3 directory, a GGUF file, a hub id (owner/name) "
             f"or a preset ({', '.join(PRESETS)})"
         )
     check_qwen3(directory)

@@ -8,8 +8,9 @@
 3. `drafter-fp8-weight-only/` and `drafter-fp8-dynamic/`: the drafter exported by `python -m export`, run as
    a subprocess so that it is exactly the command a user runs.
 
-Steps 2 and 3 are keyed by what they were made from: the GGUF's sha256, the mode, and the source of the
-export package (a change to the converter or the exporter makes them again).
+Steps 2 and 3 are keyed by what they were made from: the GGUF's sha256, the mode, and the source that made
+them (export/gguf.py for a conversion, the export package for an export: a change to either makes its
+outputs again, and a change elsewhere in export/ does not redo a 1.5B conversion).
 """
 
 from __future__ import annotations
@@ -41,12 +42,22 @@ Convert = Callable[[Path, Path], object]  # (gguf file, new HF directory)
 Export = Callable[[Path, Path, str], object]  # (HF directory, new FP8 directory, mode)
 
 
-def export_code() -> str:
-    """The sha256 of the export package's source: the converter's and the exporter's identity."""
+def code_identity(paths) -> str:
+    """The sha256 of some of the project's source files: what a step's output was made by."""
     digest = hashlib.sha256()
-    for path in sorted((PROJECT / "export").rglob("*.py")):
+    for path in sorted(paths):
         digest.update(path.relative_to(PROJECT).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+def converter_code() -> str:
+    """The GGUF converter's identity (a change elsewhere in export/ does not redo a 1.5B conversion)."""
+    return code_identity([PROJECT / "export" / "gguf.py"])
+
+
+def export_code() -> str:
+    """The exporter's identity: the whole export package."""
+    return code_identity((PROJECT / "export").rglob("*.py"))
 
 
 def convert_with_gguf(gguf_path: Path, out_dir: Path) -> None:
@@ -156,7 +167,7 @@ def convert_inputs(model: PinnedModel) -> dict:
         "from": model.gguf_name,
         "sha256": model.sha256,
         "dtype": "bfloat16",
-        "export_code": export_code(),
+        "converter_code": converter_code(),
     }
 
 
@@ -174,7 +185,12 @@ def export_step(drafter: PinnedModel, mode: str, root: Path, export: Export) -> 
         export(root / drafter.role, partial, mode)
         return {"mode": mode, "files": sorted(path.name for path in partial.iterdir())}
 
-    inputs = {"from": drafter.role, "made_from": convert_inputs(drafter), "mode": mode}
+    inputs = {
+        "from": drafter.role,
+        "made_from": convert_inputs(drafter),
+        "mode": mode,
+        "export_code": export_code(),
+    }
     output = root / f"{drafter.role}-fp8-{mode}"
     return Step(f"export {mode}", output, inputs, make, BF16_PER_GGUF_BYTE * drafter.size)
 

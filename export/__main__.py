@@ -1,5 +1,6 @@
 """`python -m export SRC DST [--mode weight-only|dynamic] [--force]`: an FP8 per-tensor checkpoint of a
-Qwen3 (a local HF directory, a hub id, or a preset such as `tiny`) that our engine, vLLM and SGLang load.
+Qwen3 or Qwen2 (a local HF directory, a hub id, or a preset such as `tiny`) that our engine, vLLM and SGLang
+load.
 
 Writes `DST/config.json`, `DST/model.safetensors`, the tokenizer files and `DST/report.json` (quantization
 error against the unquantized model). Bad input exits non-zero with one line saying why.
@@ -24,13 +25,14 @@ log = logging.getLogger("export")
 def run_export(source: str, destination: str | Path, mode: str = "weight-only", force: bool = False) -> dict:
     """Export `source` to `destination`; return the report (also written to `destination/report.json`)."""
     import torch
-    from transformers import Qwen3ForCausalLM
+    import transformers
 
+    from engine.model.config import ARCHITECTURES
     from engine.model.loader import RANDOM_WEIGHTS_KEY
     from engine.model.presets import is_preset
     from export.checkpoint import (
         ExportError,
-        check_qwen3,
+        check_source,
         resolve_source,
         size_of,
         staged_directory,
@@ -49,11 +51,12 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
         if destination.resolve() == directory.resolve():
             raise ExportError("destination is the source directory; choose another destination")
         with staged_directory(destination, force) as staging:
-            hf_config = check_qwen3(directory)
+            hf_config = check_source(directory)
             if is_preset(source):  # its weights are random; whoever serves the export must be told
                 hf_config[RANDOM_WEIGHTS_KEY] = True
             log.info("loading %s", source)
-            model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
+            model_class = getattr(transformers, ARCHITECTURES[hf_config["model_type"]])
+            model = model_class.from_pretrained(directory, dtype=torch.bfloat16).eval()
             prompts = make_prompts(directory, model.config.vocab_size)
             reference = prompt_logits(model, prompts)
             weight_errors = quantize_layers(model)
@@ -71,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "source",
         metavar="SRC",
-        help="Qwen3 directory, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
+        help="Qwen3 or Qwen2 directory, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
     )
     parser.add_argument("destination", metavar="DST", help="directory to create")
     parser.add_argument("--mode", default="weight-only", help="weight-only (default) or dynamic")

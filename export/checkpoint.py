@@ -44,7 +44,7 @@ class ExportError(Exception):
 
 def resolve_source(source: str, scratch: Path) -> Path:
     """A local HF directory for `source`: the directory itself, a preset written into `scratch`, or a hub
-    snapshot. Refuses anything that is not a Qwen3 checkpoint our engine can serve."""
+    snapshot. Refuses anything that is not a Qwen3 or Qwen2 checkpoint our engine can serve."""
     path = Path(source).expanduser()
     if path.exists():
         directory = path
@@ -54,10 +54,10 @@ def resolve_source(source: str, scratch: Path) -> Path:
         directory = download(source)
     else:
         raise ExportError(
-            f"source {source!r} does not exist; expected a Qwen3 directory, a hub id (owner/name) "
+            f"source {source!r} does not exist; expected a Qwen3 or Qwen2 directory, a hub id (owner/name) "
             f"or a preset ({', '.join(PRESETS)})"
         )
-    check_qwen3(directory)
+    check_source(directory)
     return directory
 
 
@@ -73,12 +73,15 @@ def download(repo_id: str) -> Path:
         ) from None
 
 
-def check_qwen3(directory: Path) -> dict:
+def check_source(directory: Path) -> dict:
+    """The source's HF config, once it is known to be an unquantized checkpoint of a family we serve."""
     if not directory.is_dir():
         raise ExportError(f"source {str(directory)!r} is not a directory")
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise ExportError(f"source {str(directory)!r} has no config.json; expected an HF Qwen3 checkpoint")
+        raise ExportError(
+            f"source {str(directory)!r} has no config.json; expected an HF Qwen3 or Qwen2 checkpoint"
+        )
     try:
         hf = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
@@ -91,7 +94,7 @@ def check_qwen3(directory: Path) -> dict:
         ModelConfig.from_hf(hf)
     except ConfigError as error:
         raise ExportError(
-            f"source {str(directory)!r} is not a Qwen3 checkpoint we can serve: {error}"
+            f"source {str(directory)!r} is not a Qwen3 or Qwen2 checkpoint we can serve: {error}"
         ) from None
     if not list(directory.glob("*.safetensors")):
         raise ExportError(

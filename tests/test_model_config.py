@@ -103,3 +103,21 @@ def test_qwen2_has_no_attention_bias_switch():
     assert not ModelConfig.from_hf(QWEN2_5_CODER_0_5B | {"attention_bias": True}).attention_bias
     with pytest.raises(ConfigError, match="attention_bias is Qwen3's field"):
         dataclasses.replace(ModelConfig.from_hf(QWEN2_5_CODER_0_5B), attention_bias=True)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2"])
+def test_fields_missing_from_config_json_read_as_transformers_reads_them(model_type):
+    """An untied config.json without tie_word_embeddings is untied (served tied, its lm_head would be
+    dropped); likewise rope_theta, max_position_embeddings and Qwen3's head_dim take transformers' defaults."""
+    import transformers
+
+    shape = dict(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=2)
+    shape |= dict(num_key_value_heads=1, intermediate_size=96)
+    ours = ModelConfig.from_hf({"model_type": model_type, **shape})
+    family = ours.to_hf()["architectures"][0].removesuffix("ForCausalLM")
+    theirs = getattr(transformers, f"{family}Config")(**shape)
+    assert ours.tie_word_embeddings is theirs.tie_word_embeddings is False
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+    assert ours.max_position_embeddings == theirs.max_position_embeddings
+    assert ours.head_dim == getattr(theirs, "head_dim", shape["hidden_size"] // shape["num_attention_heads"])
+    assert ours.rms_norm_eps == theirs.rms_norm_eps

@@ -18,6 +18,12 @@ class ConfigError(ValueError):
 # model_type -> the transformers class whose checkpoints and greedy drafts ours reproduce.
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SUPPORTED = ", ".join(map(repr, ARCHITECTURES))
+# What transformers reads a field missing from config.json as (Qwen3Config's and Qwen2Config's defaults).
+# Reading it otherwise would serve another model: an untied checkpoint served tied drops its lm_head.
+HF_DEFAULTS = dict(
+    rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False, max_position_embeddings=32768
+)
+QWEN3_HEAD_DIM = 128  # Qwen3Config's default; Qwen2's head_dim is hidden_size // num_attention_heads
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +95,12 @@ class ModelConfig:
             raise ConfigError(
                 "config.json: use_sliding_window is true; sliding-window attention is not supported"
             )
-        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
+        hf = HF_DEFAULTS | hf
+        rope_theta = rope.get("rope_theta", hf["rope_theta"])
         num_heads = hf.get("num_attention_heads")
         hidden = hf.get("hidden_size")
-        head_dim = hf.get("head_dim") or (hidden // num_heads if hidden and num_heads else None)
+        head_dim = hf.get("head_dim", QWEN3_HEAD_DIM if model_type == "qwen3" else None)
+        head_dim = head_dim or (hidden // num_heads if hidden and num_heads else None)
         try:
             return cls(
                 vocab_size=hf["vocab_size"],
@@ -102,10 +110,10 @@ class ModelConfig:
                 num_key_value_heads=hf.get("num_key_value_heads") or num_heads,
                 head_dim=head_dim,
                 intermediate_size=hf["intermediate_size"],
-                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                rms_norm_eps=float(hf["rms_norm_eps"]),
                 rope_theta=float(rope_theta),
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-                max_position_embeddings=hf.get("max_position_embeddings", 40960),
+                tie_word_embeddings=bool(hf["tie_word_embeddings"]),
+                max_position_embeddings=hf["max_position_embeddings"],
                 # Qwen2 has no such field: its q/k/v always have a bias and its o_proj never does.
                 attention_bias=model_type == "qwen3" and bool(hf.get("attention_bias", False)),
                 family=model_type,

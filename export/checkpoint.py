@@ -1,7 +1,8 @@
 """The FP8 checkpoint on disk: where the source comes from, and what the destination holds.
 
 A destination is `config.json` (the source's HF config plus a compressed-tensors `quantization_config`),
-`model.safetensors` (fp8 `.weight` + float32 `[1]` `.weight_scale` per decoder linear, bf16 for the rest,
+`model.safetensors` (fp8 `.weight` + float32 `[1]` `.weight_scale` per decoder linear, bf16 for the rest
+(Qwen2's q/k/v `.bias` included, beside its linear's fp8 weight, as compressed-tensors and vLLM read it),
 no lm_head when it is tied) and the source's tokenizer files. It is written into a temporary directory next
 to the destination and renamed into place at the end, so a failure never leaves a half-written one.
 """

@@ -1,6 +1,6 @@
 """The drafting engine: token ids in, greedy draft token ids out; it knows nothing of HTTP, sessions or
 tokenizers. Three rooms:
-- `engine/model/`: our Qwen3 (modules, FP8 and CPU linears), its config, the loader and the presets;
+- `engine/model/`: our Qwen3 and Qwen2 (one set of modules, FP8 and CPU linears), its config, the loader and the presets;
 - `engine/cache/`: the paged KV cache (the page pool, the allocator, the prefix index, the sequence table
   and which of its sequences a request continues);
 - the draft loop, here at the root: placement and prefill (`engine.py`, `prefill.py`), attention over the

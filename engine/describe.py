@@ -26,6 +26,7 @@ def describe(engine) -> dict:
     cfg, model_cfg = engine.config, engine.loaded.config
     return {
         "model": engine.loaded.source,
+        "model_type": model_cfg.family,  # config.json's: "qwen3" or "qwen2" (engine/model/config.py)
         "random_weights": engine.loaded.is_random_preset,
         "vocab_size": model_cfg.vocab_size,
         "max_context": cfg.max_seq_len,

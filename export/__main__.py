@@ -1,6 +1,5 @@
 """`python -m export SRC DST [--mode weight-only|dynamic] [--force]`: an FP8 per-tensor checkpoint of a
-Qwen3 (a local HF directory, a GGUF file, a hub id, or a preset such as `tiny`) that our engine, vLLM and
-SGLang load. A GGUF is first converted to a bf16 HF directory beside DST (`export/gguf.py`), removed after.
+        help="Qwen3 or Qwen2 directory, GGUF file, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
 
 Writes `DST/config.json`, `DST/model.safetensors`, the tokenizer files and `DST/report.json` (quantization
 error against the unquantized model). Bad input exits non-zero with one line saying why.
@@ -25,13 +24,14 @@ log = logging.getLogger("export")
 def run_export(source: str, destination: str | Path, mode: str = "weight-only", force: bool = False) -> dict:
     """Export `source` to `destination`; return the report (also written to `destination/report.json`)."""
     import torch
-    from transformers import Qwen3ForCausalLM
+    import transformers
 
+    from engine.model.config import ARCHITECTURES
     from engine.model.loader import RANDOM_WEIGHTS_KEY
     from engine.model.presets import is_preset
     from export.checkpoint import (
         ExportError,
-        check_qwen3,
+        check_source,
         resolve_source,
         size_of,
         staged_directory,
@@ -54,11 +54,12 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
         if destination.resolve() == directory.resolve():
             raise ExportError("destination is the source directory; choose another destination")
         with staged_directory(destination, force) as staging:
-            hf_config = check_qwen3(directory)
+            hf_config = check_source(directory)
             if is_preset(source):  # its weights are random; whoever serves the export must be told
                 hf_config[RANDOM_WEIGHTS_KEY] = True
             log.info("loading %s", source)
-            model = Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
+            model_class = getattr(transformers, ARCHITECTURES[hf_config["model_type"]])
+            model = model_class.from_pretrained(directory, dtype=torch.bfloat16).eval()
             prompts = make_prompts(directory, model.config.vocab_size)
             reference = prompt_logits(model, prompts)
             weight_errors = quantize_layers(model)
@@ -76,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "source",
         metavar="SRC",
-        help="Qwen3 directory, GGUF file, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
+        help="Qwen3 or Qwen2 directory, GGUF file, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
     )
     parser.add_argument("destination", metavar="DST", help="directory to create")
     parser.add_argument("--mode", default="weight-only", help="weight-only (default) or dynamic")

@@ -1,7 +1,8 @@
 """The FP8 checkpoint on disk: where the source comes from, and what the destination holds.
 
 A destination is `config.json` (the source's HF config plus a compressed-tensors `quantization_config`),
-`model.safetensors` (fp8 `.weight` + float32 `[1]` `.weight_scale` per decoder linear, bf16 for the rest,
+`model.safetensors` (fp8 `.weight` + float32 `[1]` `.weight_scale` per decoder linear, bf16 for the rest
+(Qwen2's q/k/v `.bias` included, beside its linear's fp8 weight, as compressed-tensors and vLLM read it),
 no lm_head when it is tied) and the source's tokenizer files. It is written into a temporary directory next
 to the destination and renamed into place at the end, so a failure never leaves a half-written one.
 """
@@ -44,7 +45,7 @@ class ExportError(Exception):
 
 def resolve_source(source: str, scratch: Path) -> Path:
     """A local HF directory for `source`: the directory itself, a GGUF file or a preset written into
-    `scratch`, or a hub snapshot. Refuses anything that is not a Qwen3 checkpoint our engine can serve."""
+    `scratch`, or a hub snapshot. Refuses anything that is not a Qwen3 or Qwen2 checkpoint our engine can serve."""
     path = Path(source).expanduser()
     if path.is_file():  # export.gguf refuses, in one line, a file that is not a GGUF of a served family
         from export.gguf import convert_gguf
@@ -58,10 +59,10 @@ def resolve_source(source: str, scratch: Path) -> Path:
         directory = download(source)
     else:
         raise ExportError(
-            f"source {source!r} does not exist; expected a Qwen3 directory, a GGUF file, a hub id (owner/name) "
+            f"source {source!r} does not exist; expected a Qwen3 or Qwen2 directory, a GGUF file, a hub id (owner/name) "
             f"or a preset ({', '.join(PRESETS)})"
         )
-    check_qwen3(directory)
+    check_source(directory)
     return directory
 
 
@@ -77,12 +78,15 @@ def download(repo_id: str) -> Path:
         ) from None
 
 
-def check_qwen3(directory: Path) -> dict:
+def check_source(directory: Path) -> dict:
+    """The source's HF config, once it is known to be an unquantized checkpoint of a family we serve."""
     if not directory.is_dir():
         raise ExportError(f"source {str(directory)!r} is not a directory")
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise ExportError(f"source {str(directory)!r} has no config.json; expected an HF Qwen3 checkpoint")
+        raise ExportError(
+            f"source {str(directory)!r} has no config.json; expected an HF Qwen3 or Qwen2 checkpoint"
+        )
     try:
         hf = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
@@ -95,7 +99,7 @@ def check_qwen3(directory: Path) -> dict:
         ModelConfig.from_hf(hf)
     except ConfigError as error:
         raise ExportError(
-            f"source {str(directory)!r} is not a Qwen3 checkpoint we can serve: {error}"
+            f"source {str(directory)!r} is not a Qwen3 or Qwen2 checkpoint we can serve: {error}"
         ) from None
     if not list(directory.glob("*.safetensors")):
         raise ExportError(

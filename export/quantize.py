@@ -1,4 +1,5 @@
-"""Quantize the decoder linears of a transformers Qwen3 in place with torchao's float8 per-tensor config.
+"""Quantize the decoder linears of a transformers Qwen3 or Qwen2 in place with torchao's float8 per-tensor
+config.
 
 Only the seven linears of each decoder layer are quantized (`self_attn.{q,k,v,o}_proj`,
 `mlp.{gate,up,down}_proj`); embeddings, norms and lm_head are left alone, by an explicit filter and by
@@ -40,7 +41,7 @@ def relative_error(original: torch.Tensor, approx: torch.Tensor) -> float:
 
 
 def quantize_layers(model, show_progress: bool = True) -> dict[str, float]:
-    """Quantize every decoder linear of `model` (a Qwen3ForCausalLM) in place; return each linear's
+    """Quantize every decoder linear of `model` (a Qwen3ForCausalLM or Qwen2ForCausalLM) in place; return each linear's
     relative weight error ‖W − fp8×scale‖ / ‖W‖ by full parameter name."""
     errors = {}
     layers = model.model.layers

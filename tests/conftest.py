@@ -1,5 +1,5 @@
-"""Shared test fixtures: tiny random transformers Qwen3 checkpoints (the oracle) written to temp dirs, and
-the tiny preset exported to FP8 in both modes."""
+"""Shared test fixtures: tiny random transformers Qwen3 and Qwen2 checkpoints (the oracle) written to temp
+dirs, and the tiny preset and a Qwen2 checkpoint exported to FP8 in both modes."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ TARGET_SERVER_ARGS = [
     "--max-seq-len=512",
     "--draft-source=model",  # own-weights tests expect every draft accepted: the model's drafts only
 ]
+
+# The Qwen2 checkpoint the FP8 export tests run on beside the tiny preset: what Qwen3 lacks (q/k/v biases,
+# which stay bf16 beside the fp8 weights) and an untied lm_head, which the export keeps in bf16.
+QWEN2_EXPORT = "qwen2-gqa4-untied-odd"
 
 # Compiled tests share one inductor cache inside the ignored build folder, so reruns take seconds.
 os.environ.setdefault(
@@ -57,19 +61,30 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    """mode -> (directory, report) of the tiny preset exported with `python -m export`'s run_export."""
+def export_both_modes(source: str, root: Path) -> dict:
+    """mode -> (directory, report) of `source` exported with `python -m export`'s run_export."""
     from export.__main__ import run_export
     from tests.export_helpers import MODES
 
-    root = tmp_path_factory.mktemp("export")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {mode: (root / mode, run_export("tiny", root / mode, mode)) for mode in MODES}
+        return {mode: (root / mode, run_export(source, root / mode, mode)) for mode in MODES}
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """mode -> (directory, report) of the tiny preset (Qwen3, tied) exported to FP8."""
+    return export_both_modes("tiny", tmp_path_factory.mktemp("export"))
+
+
+@pytest.fixture(scope="session")
+def exported_qwen2(hf_checkpoint, tmp_path_factory):
+    """mode -> (directory, report) of a Qwen2 checkpoint (untied, odd sizes, q/k/v biases) exported to FP8."""
+    _, directory = hf_checkpoint(QWEN2_EXPORT)
+    return export_both_modes(str(directory), tmp_path_factory.mktemp("export-qwen2"))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """What the export tests share: the two modes, a small engine config, and readers of an exported checkpoint.
-The exported tiny preset itself is the session fixture `exported` in conftest.py."""
+The exports themselves are the session fixtures `exported` (the tiny preset) and `exported_qwen2` in
+conftest.py; `EXPORTS` names them by the family they test."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from engine.model.fp8 import LINEAR_NAMES
 from engine.model.presets import PRESETS
 
 MODES = ("weight-only", "dynamic")
+EXPORTS = {"qwen3": "exported", "qwen2": "exported_qwen2"}  # family -> session fixture of its export
 ENGINE = EngineConfig(max_seq_len=128, max_batch_size=1, max_draft_tokens=8)
 
 

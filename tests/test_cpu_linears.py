@@ -20,6 +20,7 @@ from engine.model.cpu_linears import (
 )
 from engine.model.fp8 import FP8DynamicLinear, FP8Linear
 from engine.model.loader import load_model
+from tests.oracle import fresh_forward
 from tests.test_fp8 import make_linear
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -46,9 +47,10 @@ def test_cpu_linear_is_the_linear(dtype, kind, rows):
     torch.testing.assert_close(linear(x), F.linear(x, weight, bias), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fp8_weight_only_on_cpu_is_the_dequantized_product(dtype):
-    fp8, _ = make_linear(FP8Linear, 64, 48)
+def test_fp8_weight_only_on_cpu_is_the_dequantized_product(dtype, bias):
+    fp8, _ = make_linear(FP8Linear, 64, 48, bias=bias, dtype=dtype)
     model = torch.nn.Sequential(copy.deepcopy(fp8))
     use_cpu_linears(model, dtype)
     assert isinstance(model[0], CpuLinear)
@@ -57,9 +59,10 @@ def test_fp8_weight_only_on_cpu_is_the_dequantized_product(dtype):
     torch.testing.assert_close(model[0](x), fp8(x), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(64, 48), (200, 24)])
-def test_fp8_dynamic_on_cpu_is_scaled_mm_s_product(shape):
-    dynamic, _ = make_linear(FP8DynamicLinear, *shape)
+def test_fp8_dynamic_on_cpu_is_scaled_mm_s_product(shape, bias):
+    dynamic, _ = make_linear(FP8DynamicLinear, *shape, bias=bias)
     x = torch.randn(7, 3, shape[0])
     torch.testing.assert_close(CpuDynamicFP8Linear(dynamic)(x), dynamic(x), rtol=1e-5, atol=1e-5)
 
@@ -85,3 +88,22 @@ def test_packing_leaves_the_model_s_logits_as_they_were(dtype):
     torch.testing.assert_close(packed.logits(hidden), plain.logits(hidden), rtol=tolerance, atol=tolerance)
     # a tied lm_head gets its own packed copy: the embedding keeps the plain table for row lookups
     assert packed.model.embed_tokens.weight.layout == torch.strided
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_qwen2_forward_is_the_unpacked_one(hf_checkpoint, monkeypatch, dtype, one_thread):
+    """Qwen2's q/k/v carry biases into their packed linears: the whole forward, not only the lm_head, is
+    the one the model computes as loaded."""
+    _, directory = hf_checkpoint("qwen2-gqa2-tied")
+    config = EngineConfig(max_seq_len=128, dtype="bfloat16" if dtype == torch.bfloat16 else "float32")
+    packed = Engine.load(str(directory), config)
+    assert packed.packed_linears == (7 * 2 + 1 if dtype == torch.bfloat16 else 1)
+    assert packed.model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    monkeypatch.setattr("engine.engine.use_cpu_linears", lambda model, dtype: 0)
+    plain = Engine.load(str(directory), config)
+    assert isinstance(plain.model.model.layers[0].self_attn.q_proj, torch.nn.Linear)
+    tokens = list(range(1, 60))
+    ours, theirs = (e.model.logits(fresh_forward(e, tokens)[0]) for e in (packed, plain))
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
+    assert packed.draft(tokens, 8) == plain.draft(tokens, 8)

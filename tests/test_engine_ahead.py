@@ -30,8 +30,8 @@ def ahead_engine(directory, **overrides) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def oracle(hf_checkpoint):
-    return hf_checkpoint("gqa2-untied")
+def oracle(hf_checkpoint, request):
+    return hf_checkpoint(getattr(request, "param", "gqa2-untied"))  # a test may name another (indirect)
 
 
 def context_of(seed: int, length: int) -> list[int]:
@@ -139,3 +139,9 @@ def test_a_stop_between_steps_leaves_no_branch_and_frees_its_pages(oracle):
     assert engine.draft_ahead("s", [DraftRequest(c, K, choices=True) for c in predicted], stop) is None
     assert len(asked) == 2 and engine.table.branches == {}
     assert engine.table.allocator.num_free + len(engine.table.index.idle) >= free
+
+
+@pytest.mark.parametrize("oracle", ["qwen2-gqa2-tied"], indirect=True)
+def test_qwen2_branches_equal_greedy_and_adopting_one_continues(oracle):
+    """Drafting ahead on the Qwen2 family (the same 512-token vocabulary), forks inside pages."""
+    test_branches_at_every_position_equal_greedy_and_adopting_one_continues(oracle, 42)

@@ -104,3 +104,25 @@ def test_recompile_guard_counts_only_its_own_engines_loops():
     assert (first.recompiles.count, second.recompiles.count) == (1, 0)
     first.recompiles.disarm()
     second.recompiles.disarm()
+
+
+@pytest.mark.slow
+def test_compiled_qwen2_step_equals_transformers_without_recompiles(hf_checkpoint):
+    """The Qwen2 family compiled (q/k/v biases, no q/k norm inside the graph); one bucket and one span keep
+    the cold compile short."""
+    model, directory = hf_checkpoint("qwen2-gqa2-tied")
+    config = EngineConfig(
+        max_seq_len=200, max_batch_size=1, batch_buckets=(1,), min_kv_bucket=256, compile=True
+    )
+    compiled = Engine.load(str(directory), config)
+    report = compiled.warmup()
+    assert report["state"] == "ready" and report["fallbacks"] == [], report
+    generator = torch.Generator().manual_seed(6)
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        for n in (1, 37, 180):
+            context = torch.randint(0, 512, (n,), generator=generator).tolist()
+            assert compiled.draft(context, 16) == hf_greedy(model, context, 16)
+        assert compiled.recompiles.count == 0
+    finally:
+        torch._dynamo.config.error_on_recompile = False

@@ -21,8 +21,8 @@ def paged_engine(directory, **overrides) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def oracle(hf_checkpoint):
-    return hf_checkpoint("gqa2-untied")
+def oracle(hf_checkpoint, request):
+    return hf_checkpoint(getattr(request, "param", "gqa2-untied"))  # a test may name another (indirect)
 
 
 def context_of(seed: int, length: int, vocab: int = 512) -> list[int]:
@@ -167,3 +167,10 @@ def test_new_runs_leave_the_largest_gap_whole_for_long_contexts():
     runs = [allocator.take(count, after=None) for count in (33, 129, 513)]
     assert all(run == list(range(run[0], run[0] + len(run))) for run in runs)
     assert runs[1][0] - runs[0][-1] > 1  # the run before keeps room to grow
+
+
+@pytest.mark.parametrize("oracle", ["qwen2-gqa2-tied"], indirect=True)
+def test_qwen2_conversations_sharing_a_prefix_diverge_inside_a_page(oracle):
+    """The Qwen2 family on shared pages (the same 512-token vocabulary): its biased keys are cached as is.
+    (SDPA only: FlexAttention reads the same pages whatever the family, and costs a compile here.)"""
+    test_conversations_sharing_a_prefix_diverge_anywhere(oracle, "sdpa", 40)

@@ -8,12 +8,16 @@ import pytest
 import torch
 
 from engine.engine import Engine
+from engine.model.config import ARCHITECTURES
 from engine.model.loader import load_model
 from export.__main__ import run_export
-from tests.export_helpers import ENGINE, MODES, linear_names
+from tests.export_helpers import ENGINE, EXPORTS, MODES, linear_names
 from tests.oracle import fresh_forward, hf_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+# fp8-dynamic against transformers' unquantized activations, next-token agreement; measured 83% (tiny) and
+# 66% (the untied odd Qwen2, whose wide random logits have closer runners-up), deterministic
+MIN_DYNAMIC_AGREEMENT = {"qwen3": 0.7, "qwen2": 0.6}
 
 
 @torch.no_grad()
@@ -103,32 +107,38 @@ def test_export_larger_model_drafts_agree_with_unquantized(larger):
 
 @pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
 @pytest.mark.parametrize("mode", MODES)
-def test_export_transformers_decompresses_it_to_the_same_model(exported, mode):
+@pytest.mark.parametrize("family", list(EXPORTS))
+def test_export_transformers_decompresses_it_to_the_same_model(request, family, mode):
     """The independent oracle: transformers + compressed-tensors dequantizes our checkpoint itself; its
-    weights are exactly fp8 x scale and its greedy drafts are the engine's (weight-only: the same math;
-    dynamic: transformers runs the weights unquantized-activation, so only most tokens agree)."""
-    from transformers import CompressedTensorsConfig, Qwen3ForCausalLM
+    weights are exactly fp8 x scale (its Qwen2 biases exactly ours, bf16) and its greedy drafts are the
+    engine's (weight-only: the same math; dynamic: transformers runs the weights unquantized-activation,
+    so only most tokens agree)."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    directory, _ = exported[mode]
-    oracle = Qwen3ForCausalLM.from_pretrained(
+    directory, _ = request.getfixturevalue(EXPORTS[family])[mode]
+    oracle = AutoModelForCausalLM.from_pretrained(
         directory, quantization_config=CompressedTensorsConfig(run_compressed=False), dtype=torch.float32
     ).eval()
+    assert type(oracle).__name__ == ARCHITECTURES[family]
     engine = Engine.load(str(directory), ENGINE)
     loaded = load_model(str(directory))  # the FP8 modules as read (the engine's CPU linears derive from them)
-    for name in linear_names():
-        ours = loaded.model.get_submodule(name).dequantized_weight(torch.float32)
-        assert torch.equal(oracle.get_submodule(name).weight, ours), name
-    contexts = random_contexts(1024, num=4, length=16)
+    for name in linear_names(loaded.config):
+        ours, theirs = loaded.model.get_submodule(name), oracle.get_submodule(name)
+        assert torch.equal(theirs.weight, ours.dequantized_weight(torch.float32)), name
+        assert (ours.bias is None) == (theirs.bias is None), name
+        if ours.bias is not None:
+            assert torch.equal(theirs.bias, ours.bias) and ours.bias.abs().sum() > 0, name
+    contexts = random_contexts(loaded.config.vocab_size, num=4, length=16)
     with torch.no_grad():
         theirs = [oracle(torch.tensor([c])).logits[0] for c in contexts]
     ours = [teacher_forced_logits(engine, c) for c in contexts]
     agreement = (
         torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(theirs, ours, strict=True)]).float().mean()
     )
-    print(f"\n{mode}: engine's next token equals transformers' at {agreement:.1%} of positions")
+    print(f"\n{family} {mode}: engine's next token equals transformers' at {agreement:.1%} of positions")
     if mode == "weight-only":  # the same math: the same logits, the same drafts
         for a, b in zip(theirs, ours, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
         assert all(hf_greedy(oracle, c, 8) == engine.draft(c, 8) for c in contexts)
-    else:  # ours also rounds activations to fp8 per tensor; transformers' dequantized model does not
-        assert agreement >= 0.7
+    else:  # ours also rounds activations to fp8 per row; transformers' dequantized model does not
+        assert agreement >= MIN_DYNAMIC_AGREEMENT[family]

@@ -33,12 +33,12 @@ def test_export_cli_missing_source(tmp_path, capsys):
     assert not (tmp_path / "dst").exists() and leftovers(tmp_path) == []
 
 
-def test_export_cli_source_that_is_not_qwen3(tmp_path, capsys):
+def test_export_cli_source_of_another_family(tmp_path, capsys):
     source = tmp_path / "llama"
     source.mkdir()
     (source / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 8}))
     save_file({"x": torch.zeros(1)}, str(source / "model.safetensors"))
-    fails([str(source), str(tmp_path / "dst")], capsys, "not a Qwen3 checkpoint")
+    fails([str(source), str(tmp_path / "dst")], capsys, "not a Qwen3 or Qwen2 checkpoint")
     fails([str(tmp_path), str(tmp_path / "dst")], capsys, "has no config.json")
     assert not (tmp_path / "dst").exists() and leftovers(tmp_path) == []
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from engine.engine import Engine
+from engine.model.config import ModelConfig
 from engine.model.fp8 import FP8_DTYPE, LINEAR_NAMES, quantization_from_config
 from engine.model.loader import RANDOM_WEIGHTS_KEY
 from engine.model.presets import PRESETS
+from tests.conftest import QWEN2_EXPORT
 from tests.export_helpers import ENGINE, MODES, read_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,6 +24,8 @@ def expected_layout(config) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
     bf16, fp8, f32 = torch.bfloat16, FP8_DTYPE, torch.float32
     layout = {"model.embed_tokens.weight": (bf16, (config.vocab_size, h)), "model.norm.weight": (bf16, (h,))}
+    if not config.tie_word_embeddings:
+        layout["lm_head.weight"] = (bf16, (config.vocab_size, h))
     shapes = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q)}
     shapes |= {"gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
     for n in range(config.num_hidden_layers):
@@ -30,7 +34,13 @@ def expected_layout(config) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
             p + "input_layernorm.weight": (bf16, (h,)),
             p + "post_attention_layernorm.weight": (bf16, (h,)),
         }
-        layout |= {p + "self_attn.q_norm.weight": (bf16, (d,)), p + "self_attn.k_norm.weight": (bf16, (d,))}
+        if config.qk_norm:  # Qwen3
+            layout |= {
+                p + "self_attn.q_norm.weight": (bf16, (d,)),
+                p + "self_attn.k_norm.weight": (bf16, (d,)),
+            }
+        if config.qkv_bias:  # Qwen2: the biases of the fp8 linears stay bf16 beside them
+            layout |= {f"{p}self_attn.{x}_proj.bias": (bf16, shapes[f"{x}_proj"][:1]) for x in "qkv"}
         for name in LINEAR_NAMES:
             proj = name.split(".")[1]
             layout[f"{p}{name}.weight"] = (fp8, shapes[proj])
@@ -45,6 +55,23 @@ def test_export_writes_exactly_the_expected_tensors(exported, mode):
     got = {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()}
     assert got == expected_layout(PRESETS["tiny"])  # no lm_head: it is tied to the embedding
     assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors", "report.json"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_export_of_qwen2_keeps_its_family_biases_and_untied_lm_head(exported_qwen2, hf_checkpoint, mode):
+    directory, _ = exported_qwen2[mode]
+    source, _ = hf_checkpoint(QWEN2_EXPORT)
+    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    assert config == ModelConfig.from_hf(source.config.to_dict())
+    assert config.family == "qwen2" and not config.tie_word_embeddings
+    tensors = read_file(directory)
+    assert {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()} == expected_layout(config)
+    for name, parameter in source.named_parameters():  # the bf16 tensors are the source's, rounded
+        if tensors[name].dtype == torch.bfloat16:
+            assert torch.equal(tensors[name], parameter.detach().to(torch.bfloat16)), name
+    hf = json.loads((directory / "config.json").read_text())
+    assert hf["architectures"] == ["Qwen2ForCausalLM"] and hf["quantization_config"]["ignore"] == ["lm_head"]
+    assert quantization_from_config(hf["quantization_config"]) == f"fp8-{mode}"
 
 
 @pytest.mark.parametrize("mode", MODES)

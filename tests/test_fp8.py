@@ -3,6 +3,8 @@ what `config.json` quantization configs are accepted, and that the forwards comp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,43 +24,48 @@ from engine.model.qwen3 import Qwen3
 from export.checkpoint import quantization_config
 
 
-def make_linear(cls, in_features=64, out_features=48, seed=0):
+def make_linear(cls, in_features=64, out_features=48, seed=0, bias=False, dtype=torch.float32):
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, in_features, generator=generator) * 0.3
     scale = (weight.abs().amax() / 448).reshape(1)
-    linear = cls(in_features, out_features)
+    linear = cls(in_features, out_features, bias)
     linear.weight.data = (weight / scale).clamp(-448, 448).to(FP8_DTYPE)
     linear.weight_scale.copy_(scale)
+    if bias:  # Qwen2's q/k/v: a bias in the activation dtype beside the fp8 weight, as the loader casts it
+        linear.bias.data = torch.randn(out_features, generator=generator).to(dtype)
     return linear, weight
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_weight_only_matches_dequantized_matmul(dtype):
-    linear, _ = make_linear(FP8Linear)
+def test_fp8_weight_only_matches_dequantized_matmul(dtype, bias):
+    linear, _ = make_linear(FP8Linear, bias=bias, dtype=dtype)
     x = torch.randn(2, 3, 64, dtype=dtype)
-    expected = F.linear(x, (linear.weight.float() * linear.weight_scale).to(dtype))
+    expected = F.linear(x, (linear.weight.float() * linear.weight_scale).to(dtype), linear.bias)
     torch.testing.assert_close(linear(x), expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_weight_only_multiply_reduce_is_the_matmuls_product(dtype):
+def test_fp8_weight_only_multiply_reduce_is_the_matmuls_product(dtype, bias):
     """What compiled CUDA decode steps run (engine/model/fp8.py): the same product, only summed in another order."""
-    linear, _ = make_linear(FP8Linear)
+    linear, _ = make_linear(FP8Linear, bias=bias, dtype=dtype)
     x = torch.randn(2, 3, 64, dtype=dtype)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(linear.multiply_reduce(x), linear(x), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(64, 48), (200, 24)])  # odd sizes too: CPU _scaled_mm takes them
-def test_fp8_dynamic_matches_emulated_scaled_mm(shape):
-    linear, weight = make_linear(FP8DynamicLinear, *shape)
+def test_fp8_dynamic_matches_emulated_scaled_mm(shape, bias):
+    linear, weight = make_linear(FP8DynamicLinear, *shape, bias=bias)
     x = torch.randn(5, shape[0])
     x_q, x_scale = quantize_per_row(x)
-    emulated = (x_q.float() * x_scale) @ (linear.weight.float() * linear.weight_scale).T
+    emulated = F.linear(x_q.float() * x_scale, linear.weight.float() * linear.weight_scale, linear.bias)
     torch.testing.assert_close(linear(x), emulated, rtol=1e-5, atol=1e-5)
     # and within FP8 error (weights and activations, ~3% each) of the unquantized product
-    error = (linear(x) - x @ weight.T).norm() / (x @ weight.T).norm()
-    assert error < 0.08
+    exact = F.linear(x, weight, linear.bias)
+    assert (linear(x) - exact).norm() / exact.norm() < 0.08
 
 
 def test_fp8_activation_quantization_is_per_row_and_safe_on_zeros():
@@ -72,9 +79,10 @@ def test_fp8_activation_quantization_is_per_row_and_safe_on_zeros():
     assert torch.equal(zero_q.float(), torch.zeros(3, 8))
 
 
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 @pytest.mark.parametrize("quantization", ["fp8-weight-only", "fp8-dynamic"])
-def test_fp8_swap_declares_the_checkpoint_layout(quantization):
-    config = PRESETS["tiny"]
+def test_fp8_swap_declares_the_checkpoint_layout(quantization, family):
+    config = dataclasses.replace(PRESETS["tiny"], family=family)
     with torch.device("meta"):
         model = Qwen3(config)
     swap_fp8_linears(model, quantization)
@@ -88,6 +96,15 @@ def test_fp8_swap_declares_the_checkpoint_layout(quantization):
     others = [n for n in state if not n.endswith(("_proj.weight", "_scale"))]
     assert all(state[n].dtype != FP8_DTYPE for n in others)
     assert state["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)  # [out, in]
+    biases = {n for n in state if n.endswith(".bias")}  # Qwen2's q/k/v keep theirs
+    assert biases == {
+        f"model.layers.{n}.self_attn.{x}_proj.bias"
+        for n in range(config.num_hidden_layers)
+        for x in ("qkv" if family == "qwen2" else "")
+    }
+    for name in biases:  # not fp8: the loader casts it to the model's dtype
+        assert state[name].dtype != FP8_DTYPE
+        assert state[name].shape == state[name.replace(".bias", ".weight")].shape[:1]
 
 
 def test_fp8_swap_refuses_unknown_kind():

@@ -46,7 +46,8 @@ def int_tuple(text: str) -> tuple[int, ...]:
 OPTIONS: dict[str, tuple] = {
     "model": (
         str,
-        "preset name (tiny, bench-cpu, qwen3-0.6b-random) or an exported FP8 / HF Qwen3 directory [tiny]",
+        "preset name (tiny, bench-cpu, qwen3-0.6b-random) or an exported FP8 / HF Qwen3 or Qwen2 directory "
+        "[tiny]",
     ),
     "host": (str, "address to bind [127.0.0.1]"),
     "port": (int, "port to bind; 0 picks a free one [8000]"),

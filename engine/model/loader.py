@@ -1,4 +1,4 @@
-"""Build our Qwen3 from an HF-layout directory (or a named preset) without an extra copy of the weights.
+"""Build our Qwen3 or Qwen2 from an HF-layout directory (or a preset) without an extra copy of the weights.
 
 The model is created on the meta device, every tensor of the checkpoint is checked against the name, shape
 and dtype the model expects, and then assigned in place. FP8 checkpoints (see `export/`) swap the decoder
@@ -45,7 +45,9 @@ def read_hf_config(directory: Path) -> dict:
         raise LoadError(f"model directory {str(directory)!r} does not exist (or is not a directory)")
     path = directory / "config.json"
     if not path.is_file():
-        raise LoadError(f"{str(directory)!r} has no config.json; expected an HF Qwen3 checkpoint directory")
+        raise LoadError(
+            f"{str(directory)!r} has no config.json; expected an HF Qwen3 or Qwen2 checkpoint directory"
+        )
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as error:
@@ -101,7 +103,10 @@ def check_and_cast(model: Qwen3, tensors: dict[str, torch.Tensor], dtype, device
             parts.append(f"{len(missing)} missing (e.g. {missing[:3]})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
-        raise LoadError("checkpoint tensors do not match a Qwen3 model of this config: " + "; ".join(parts))
+        raise LoadError(
+            f"checkpoint tensors do not match a {model.config.family} model of this config: "
+            + "; ".join(parts)
+        )
     out = {}
     for name, want in expected.items():
         got = tensors[name]
@@ -120,7 +125,7 @@ def check_and_cast(model: Qwen3, tensors: dict[str, torch.Tensor], dtype, device
 def load_model(
     source: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LoadedModel:
-    """Load a preset name (`tiny`, `bench-cpu`) or an HF-layout directory of Qwen3 weights."""
+    """Load a preset name (`tiny`, `bench-cpu`) or an HF-layout directory of Qwen3 or Qwen2 weights."""
     fallbacks: tuple[str, ...] = ()
     if is_preset(source):
         config, quantization = PRESETS[source], "none"

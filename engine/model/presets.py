@@ -82,12 +82,20 @@ def preset_state_dict(name: str, dtype: torch.dtype = torch.bfloat16) -> dict[st
             p + "self_attn.k_proj.weight": normal(config.num_key_value_heads * d, h),
             p + "self_attn.v_proj.weight": normal(config.num_key_value_heads * d, h),
             p + "self_attn.o_proj.weight": normal(h, config.num_attention_heads * d),
-            p + "self_attn.q_norm.weight": ones(d),
-            p + "self_attn.k_norm.weight": ones(d),
             p + "mlp.gate_proj.weight": normal(i, h),
             p + "mlp.up_proj.weight": normal(i, h),
             p + "mlp.down_proj.weight": normal(h, i),
         }
+        if config.qk_norm:  # Qwen3
+            weights |= {p + "self_attn.q_norm.weight": ones(d), p + "self_attn.k_norm.weight": ones(d)}
+        if config.qkv_bias:  # Qwen2 (drawn after the layer's weights: Qwen3 presets keep their values)
+            weights |= {
+                p + "self_attn.q_proj.bias": normal(config.num_attention_heads * d),
+                p + "self_attn.k_proj.bias": normal(config.num_key_value_heads * d),
+                p + "self_attn.v_proj.bias": normal(config.num_key_value_heads * d),
+            }
+        if config.attention_bias:
+            weights[p + "self_attn.o_proj.bias"] = normal(h)
     if not config.tie_word_embeddings:
         weights["lm_head.weight"] = normal(config.vocab_size, h)
     return weights

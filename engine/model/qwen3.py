@@ -1,6 +1,8 @@
-"""Qwen3 in plain PyTorch, reading and writing a paged KV cache.
+"""Qwen3 in plain PyTorch, reading and writing a paged KV cache; the Qwen2 family is the same model.
 
-Parameter names mirror transformers' `Qwen3ForCausalLM`, so an HF state dict assigns onto this module as is.
+Parameter names mirror transformers' `Qwen3ForCausalLM` (`Qwen2ForCausalLM`), so an HF state dict assigns
+onto this module as is. The families differ only in the attention's projections (engine/model/config.py):
+Qwen3 normalizes q and k per head, Qwen2 has none of that and a bias on q, k and v.
 One forward serves prefill and decode: every token carries its own position and the flat pool slot its
 keys/values are written to, and `reads` (engine/attention.py) says how each sequence reads its own pages,
 so sequences of different lengths share a batch. The model knows nothing of pages' contents, requests or
@@ -50,13 +52,18 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        bias = config.attention_bias
+        bias = config.qkv_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.o_proj = nn.Linear(
+            self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias
+        )
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:  # Qwen2: no q/k norm; an Identity keeps one forward and adds nothing to the state dict
+            self.q_norm = self.k_norm = nn.Identity()
 
     def forward(
         self,

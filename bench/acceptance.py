@@ -34,7 +34,7 @@ from tqdm import tqdm
 from bench.acceptance_report import print_summary, result, summarize, write_outputs
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
-    TESTBED_DRAFTERS,
+    PAIR_DRAFTERS,
     drafter_url,
     load_target,
     server_info,
@@ -91,9 +91,7 @@ def parse_args(argv):
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--testbed", nargs="?", const=PAIR, type=Path, help="the testbed pair's directory")
-    parser.add_argument(
-        "--drafter", choices=TESTBED_DRAFTERS, default="weight-only", help="--testbed's drafter"
-    )
+    parser.add_argument("--drafter", choices=PAIR_DRAFTERS, default="weight-only", help="--testbed's drafter")
     parser.add_argument("--target", type=Path, help="HF checkpoint directory of the target, or a preset")
     parser.add_argument("--url", help="base URL of a running drafter server [--testbed: one it starts]")
     parser.add_argument("--prompts", type=Path, action="append", help="a workload's JSONL (repeatable)")
@@ -120,6 +118,7 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.out and importlib.util.find_spec("matplotlib") is None:  # before the run, not after it
         parser.error("--out draws speedup.png with matplotlib: pip install -e '.[bench]'")
+    args.pair = args.testbed  # where the drafters are, for servers it starts
     if args.testbed:
         from bench.testbed.recipe import FULL
 

@@ -2,7 +2,7 @@
 from a running drafter server (drafter/integrations/transformers_generate.py, through drafter.client), on
 each workload; it reports the target's tokens/s both ways (the speedup), tokens per round, acceptance by
 position, the share of wall time spent waiting for drafts, whether the outputs are identical (lossless),
-and the same rounds replayed on a *projected* GPU (bench/harness/projection.py).
+and the same rounds replayed on *projected* GPUs (bench/harness/projection.py, bench/harness/gpu_floors.py).
 
     python -m bench.acceptance --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
     python -m bench.acceptance --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
@@ -20,21 +20,16 @@ since acceptance measured without drafts means nothing), 1 if any output differs
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
-import os
 import sys
 from importlib import metadata
-from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from bench.acceptance_args import parse_args
 from bench.acceptance_report import print_summary, result, summarize, write_outputs
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
-    PAIR_DRAFTERS,
     drafter_url,
     load_target,
     server_info,
@@ -43,7 +38,6 @@ from bench.harness.decoding import (
     timed,
 )
 from bench.harness.machine import describe
-from bench.harness.projection import GpuModel
 from bench.harness.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
@@ -53,87 +47,8 @@ from bench.harness.prompts import (
     read_prompt_lines,
 )
 from bench.harness.refusals import ServerRefused
-from bench.testbed import PAIR
 from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
-from drafter.sessions.draft_source import MODEL, SOURCES
-
-
-def draft_lengths(text: str) -> list[int | str]:
-    lengths = []
-    for word in text.split(","):
-        word = word.strip()
-        if word != AUTO and not (word.isdigit() and int(word) >= 1):
-            raise argparse.ArgumentTypeError(
-                f'expected positive integers or "auto", comma-separated, got {text!r}'
-            )
-        lengths.append(AUTO if word == AUTO else int(word))
-    return lengths
-
-
-def draft_sources(text: str) -> list[str]:
-    sources = [word.strip() for word in text.split(",")]
-    if not sources or any(source not in SOURCES for source in sources):
-        raise argparse.ArgumentTypeError(
-            f"expected some of {', '.join(SOURCES)}, comma-separated, got {text!r}"
-        )
-    return sources
-
-
-def parse_args(argv):
-    def positive(text: str) -> int:
-        if not text.isdigit() or int(text) < 1:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-        return int(text)
-
-    cuda = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--testbed", nargs="?", const=PAIR, type=Path, help="the testbed pair's directory")
-    parser.add_argument("--drafter", choices=PAIR_DRAFTERS, default="weight-only", help="--testbed's drafter")
-    parser.add_argument("--target", type=Path, help="HF checkpoint directory of the target, or a preset")
-    parser.add_argument("--url", help="base URL of a running drafter server [--testbed: one it starts]")
-    parser.add_argument("--prompts", type=Path, action="append", help="a workload's JSONL (repeatable)")
-    parser.add_argument("--json", type=Path, help="write the report here")
-    parser.add_argument("--out", type=Path, help="write report.json, report.md and speedup.png here")
-    parser.add_argument("--max-new-tokens", type=positive, help="[--testbed: the recipe's, else 64]")
-    parser.add_argument(
-        "--num-draft-tokens", type=draft_lengths, help="e.g. 2,4,8,16,auto [8; --testbed: that]"
-    )
-    parser.add_argument(
-        "--source",
-        type=draft_sources,
-        default=[MODEL],
-        help="draft sources to measure, e.g. model,suffix,hybrid (drafter.sessions.draft_source) [model]",
-    )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if cuda else "cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="[bfloat16 on CUDA, float32 on CPU]")
-    parser.add_argument("--api-key", help="bearer token for the server [DRAFTER_API_KEY]")
-    parser.add_argument("--stop-at-eos", action="store_true", help="end a prompt at EOS (both paths)")
-    defaults = GpuModel()
-    parser.add_argument("--gpu-verify-ms", type=float, default=defaults.verify_ms, help="projection's verify")
-    parser.add_argument("--gpu-draft-step-ms", type=float, default=defaults.draft_step_ms)
-    parser.add_argument("--gpu-draft-overhead-ms", type=float, default=defaults.draft_overhead_ms)
-    args = parser.parse_args(argv)
-    if args.out and importlib.util.find_spec("matplotlib") is None:  # before the run, not after it
-        parser.error("--out draws speedup.png with matplotlib: pip install -e '.[bench]'")
-    args.pair = args.testbed  # where the drafters are, for servers it starts
-    if args.testbed:
-        from bench.testbed.recipe import FULL
-
-        args.target = args.target or args.testbed / "target"
-        args.prompts = args.prompts or sorted((args.testbed / "workloads").glob("*.jsonl"))
-        args.max_new_tokens = args.max_new_tokens or FULL.workload_new_tokens
-        args.num_draft_tokens = args.num_draft_tokens or [2, 4, 8, 16, AUTO]
-    elif args.target is None or args.url is None:
-        parser.error("give --testbed, or both --target and --url")
-    args.max_new_tokens = args.max_new_tokens or 64
-    args.num_draft_tokens = args.num_draft_tokens or [8]
-    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    args.api_key = args.api_key or os.environ.get("DRAFTER_API_KEY")
-    args.gpu = GpuModel(args.gpu_verify_ms, args.gpu_draft_step_ms, args.gpu_draft_overhead_ms)
-    return args
 
 
 def read_workloads(args) -> dict[str, list] | None:
@@ -168,7 +83,7 @@ def check_server(args, info: dict, vocab_size: int) -> None:
 
 def measure_workload(args, model, connect, prompts, warmup, bar) -> list[dict]:
     """Target alone on every prompt, then with drafts for each source and k, each after an untimed warm-up
-    and from the client `connect()` gives (for --testbed, a fresh server each time: a server's global suffix
+    and from the client `connect()` gives (for a pair, a fresh server each time: a server's global suffix
     index keeps every conversation's response, so a second run of the same prompts would draft from the
     first run's outputs)."""
     n, stop = args.max_new_tokens, args.stop_at_eos
@@ -199,7 +114,7 @@ def measure_run(args, model, client, prompts, warmup, bar, source, k, reference,
         outputs.append(out)
         speculative_s += seconds
         bar.update()
-    return {"source": source, **result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu)}
+    return {"source": source, **result(k, stats, outputs, reference, alone_s, speculative_s, args.gpus)}
 
 
 def prepare(args, client: DraftClient, model, workloads):
@@ -250,7 +165,7 @@ def run(args) -> dict:
             "num_prompts": {workload: len(p) for workload, p in prompts.items()},
             "target_verify_ms_told_to_server": verify_ms,
             "drafter": {key: info.get(key) for key in ("model", "quantization", "device", "dtype")},
-            "gpu_model": args.gpu.as_dict(),
+            "gpu_models": [gpu.as_dict() for gpu in args.gpus],
             "versions": {name: metadata.version(name) for name in ("torch", "transformers")},
         },
         "machine": describe(args.device),
@@ -258,7 +173,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__.split("\n\n")[0])
     try:
         report = run(args)
     except ValueError as error:  # a URL the client cannot use

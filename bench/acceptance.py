@@ -5,17 +5,22 @@ position, the share of wall time spent waiting for drafts, whether the outputs a
 and the same rounds replayed on *projected* GPUs (bench/harness/projection.py, bench/harness/gpu_floors.py).
 
     python -m bench.acceptance --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
+    python -m bench.acceptance --realpair [DIR] [--quick] [--drafter weight-only|dynamic|bf16] [--out DIR]
     python -m bench.acceptance --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
 
 `--testbed` takes the committed pair (bench/testbed/): its target, its workloads, and a server it starts on
 the drafter's FP8 weight-only export, told the target's measured verify time (what `"auto"` weighs k
-against). `--num-draft-tokens` takes a list, e.g. `2,4,8,16,auto`. Each `--prompts` file is a workload
-(named by its lines' "workload" field, else the file's stem): JSONL of `{"tokens": [ids]}`, `{"text": ...}`
-(needs the target's tokenizer) or bare lists of ids; without one, seeded random ids. `mean_accepted_tokens`,
-`acceptance_by_position` and `rounds` are SpeculationStats' (a perfect drafter scores k + 1). Without
---stop-at-eos both paths decode through EOS (`min_new_tokens` masks it, as `generate` does). Exit 2 on bad
-input or an unusable server (one line on stderr; a draft call the client had to skip counts as unusable,
-since acceptance measured without drafts means nothing), 1 if any output differs.
+against). `--realpair` does the same with the real pair (Qwen2.5-Coder-1.5B-Instruct verifying drafts of
+Qwen2.5-Coder-0.5B-Instruct) that `python -m bench.realpair fetch` leaves in DIR (build/realpair/), on
+bench/realpair/prompts.jsonl's code, prose and edit prompts under the target's chat template, decoding
+greedily to `<|im_end|>`; its defaults are bench/realpair/benchmark.py's. `--num-draft-tokens` takes a
+list, e.g. `2,4,8,16,auto`. Each `--prompts` file is a workload (named by its lines' "workload" field, else
+the file's stem): JSONL of `{"tokens": [ids]}`, `{"text": ...}` (needs the target's tokenizer) or bare
+lists of ids; without one, seeded random ids. `mean_accepted_tokens`, `acceptance_by_position` and
+`rounds` are SpeculationStats' (a perfect drafter scores k + 1). Without --stop-at-eos (off by default, on for
+--realpair) both paths decode through EOS (`min_new_tokens` masks it, as `generate` does). Exit 2 on bad
+input, a pair not on disk or an unusable server (one line on stderr; a draft call the client had to skip
+counts as unusable, since acceptance measured without drafts means nothing), 1 if any output differs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from bench.acceptance_args import parse_args
 from bench.acceptance_report import print_summary, result, summarize, write_outputs
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
+    PAIR_DRAFTERS,
     drafter_url,
     load_target,
     server_info,
@@ -47,12 +53,16 @@ from bench.harness.prompts import (
     read_prompt_lines,
 )
 from bench.harness.refusals import ServerRefused
+from bench.realpair import benchmark as realpair
 from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
 
 
-def read_workloads(args) -> dict[str, list] | None:
-    """Workload name -> its prompt file's entries, read before anything slow so that a typo fails at once."""
+def read_workloads(args, tokenizer) -> dict[str, list] | None:
+    """Workload name -> its prompt file's entries (--realpair without --prompts: its three kinds under the
+    target's chat template), read before anything slow so that a typo fails at once."""
+    if args.realpair and not args.prompts:
+        return realpair.workload_entries(tokenizer, args.quick)
     if not args.prompts:
         return None
     workloads: dict[str, list] = {}
@@ -135,8 +145,13 @@ def prepare(args, client: DraftClient, model, workloads):
 
 
 def run(args) -> dict:
-    workloads = read_workloads(args)
+    tokenizer = None
+    if args.realpair:
+        realpair.check_fetched(args.realpair, PAIR_DRAFTERS[args.drafter])
+        tokenizer = realpair.chat_tokenizer(args.target)
+    workloads = read_workloads(args, tokenizer)
     model = load_target(args.target, args.device, args.dtype)
+    generation = realpair.plain_greedy(model, tokenizer) if tokenizer else {"decoding": "greedy"}
     with (
         drafter_url(args, model) as (url, verify_ms, connect),
         DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
@@ -155,11 +170,14 @@ def run(args) -> dict:
         "lossless": all(r["lossless"] for r in results),
         "config": {
             "target": str(args.target),
-            "url": url if args.url else "started by --testbed",
+            "url": url if args.url else f"started by --{'testbed' if args.testbed else 'realpair'}",
+            "pair": args.pair and str(args.pair),
+            "quick": args.quick,
             "num_draft_tokens": args.num_draft_tokens,
             "sources": args.source,
             "max_new_tokens": args.max_new_tokens,
             "stop_at_eos": args.stop_at_eos,
+            "generation": generation,
             "device": args.device,
             "dtype": args.dtype,
             "num_prompts": {workload: len(p) for workload, p in prompts.items()},

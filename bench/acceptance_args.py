@@ -1,4 +1,5 @@
-"""bench/acceptance.py's command line: its flags, and the defaults --testbed fills in for those not given."""
+"""bench/acceptance.py's command line: its flags, and the defaults each pair (--testbed, --realpair) fills in
+for those not given."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from bench.harness.decoding import PAIR_DRAFTERS
 from bench.harness.gpu_floors import GPU_MODELS
+from bench.realpair import benchmark as realpair
 from bench.testbed import PAIR
 from drafter.integrations.transformers_generate import AUTO
 from drafter.sessions.draft_source import MODEL, SOURCES
@@ -55,37 +57,55 @@ def parser_for(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
+    pair = parser.add_mutually_exclusive_group()
+    pair.add_argument(
         "--testbed", nargs="?", const=PAIR, type=Path, metavar="DIR", help="the testbed pair's directory"
     )
-    parser.add_argument(
-        "--drafter", choices=PAIR_DRAFTERS, default="weight-only", help="--testbed's drafter [weight-only]"
+    pair.add_argument(
+        "--realpair",
+        nargs="?",
+        const=realpair.DEFAULT_DIR,
+        type=Path,
+        metavar="DIR",
+        help=f"the real pair's directory, as `{realpair.FETCH}` leaves it [build/realpair]",
     )
+    parser.add_argument(
+        "--drafter", choices=PAIR_DRAFTERS, default="weight-only", help="the pair's drafter [weight-only]"
+    )
+    parser.add_argument("--quick", action="store_true", help="--realpair: its quick prompts, 2 per kind")
     parser.add_argument("--target", type=Path, help="HF checkpoint directory of the target, or a preset")
     parser.add_argument("--url", help="base URL of a running drafter server [a pair: servers it starts]")
     parser.add_argument("--prompts", type=Path, action="append", help="a workload's JSONL (repeatable)")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--out", type=Path, help="write report.json, report.md and speedup.png here")
-    parser.add_argument("--max-new-tokens", type=positive, help="[64; --testbed: the recipe's]")
+    parser.add_argument(
+        "--max-new-tokens", type=positive, help="[64; --testbed: the recipe's; --realpair: 96, quick 64]"
+    )
     parser.add_argument(
         "--num-draft-tokens",
         type=draft_lengths,
-        help="e.g. 2,4,8,16,auto [8; --testbed: 2,4,8,16,auto]",
+        help="e.g. 2,4,8,16,auto [8; --testbed: 2,4,8,16,auto; --realpair: 4,8,auto]",
     )
     parser.add_argument(
         "--source",
         type=draft_sources,
-        help="draft sources to measure, e.g. model,suffix,hybrid (drafter.sessions.draft_source) [model]",
+        help="draft sources to measure, e.g. model,suffix,hybrid (drafter.sessions.draft_source) "
+        "[model; --realpair: model,hybrid]",
     )
     cuda = torch.cuda.is_available()
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if cuda else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="[bfloat16 on CUDA, float32 on CPU]")
     parser.add_argument("--api-key", help="bearer token for the server [DRAFTER_API_KEY]")
-    parser.add_argument("--stop-at-eos", action="store_true", help="end a prompt at EOS (both paths)")
+    parser.add_argument(
+        "--stop-at-eos",
+        action=argparse.BooleanOptionalAction,
+        help="end a prompt at EOS, both paths [off; --realpair: on]",
+    )
     parser.add_argument(
         "--gpu-model",
         type=gpu_models,
-        help=f"projected GPU columns, of {', '.join(GPU_MODELS)} (bench/harness/gpu_floors.py) [qwen3-8b]",
+        help=f"projected GPU columns, of {', '.join(GPU_MODELS)} (bench/harness/gpu_floors.py) "
+        "[qwen3-8b; --realpair: both]",
     )
     parser.add_argument("--gpu-verify-ms", type=float, help="replace the first GPU model's verify")
     parser.add_argument("--gpu-draft-step-ms", type=float, help="... its draft step")
@@ -98,7 +118,9 @@ def parse_args(argv, description: str):
     args = parser.parse_args(argv)
     if args.out and importlib.util.find_spec("matplotlib") is None:  # before the run, not after it
         parser.error("--out draws speedup.png with matplotlib: pip install -e '.[bench]'")
-    args.pair = args.testbed  # where the drafters are, for servers it starts
+    if args.quick and not args.realpair:
+        parser.error("--quick picks --realpair's quick prompts: give --realpair")
+    args.pair = args.testbed or args.realpair  # where the drafters are, for servers it starts
     if args.testbed:
         from bench.testbed.recipe import FULL
 
@@ -106,11 +128,20 @@ def parse_args(argv, description: str):
         args.prompts = args.prompts or sorted((args.testbed / "workloads").glob("*.jsonl"))
         args.max_new_tokens = args.max_new_tokens or FULL.workload_new_tokens
         args.num_draft_tokens = args.num_draft_tokens or [2, 4, 8, 16, AUTO]
+    elif args.realpair:  # its workloads come from bench/realpair/prompts.jsonl unless --prompts are given
+        args.target = args.target or args.realpair / realpair.TARGET
+        quick = realpair.QUICK_MAX_NEW_TOKENS if args.quick else realpair.MAX_NEW_TOKENS
+        args.max_new_tokens = args.max_new_tokens or quick
+        args.num_draft_tokens = args.num_draft_tokens or list(realpair.NUM_DRAFT_TOKENS)
+        args.source = args.source or list(realpair.SOURCES)
+        args.stop_at_eos = True if args.stop_at_eos is None else args.stop_at_eos
+        args.gpu_model = args.gpu_model or list(realpair.GPU_MODELS)
     elif args.target is None or args.url is None:
-        parser.error("give --testbed, or both --target and --url")
+        parser.error("give --testbed, --realpair, or both --target and --url")
     args.max_new_tokens = args.max_new_tokens or 64
     args.num_draft_tokens = args.num_draft_tokens or [8]
     args.source = args.source or [MODEL]
+    args.stop_at_eos = bool(args.stop_at_eos)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.api_key = args.api_key or os.environ.get("DRAFTER_API_KEY")
     args.gpus = projected_gpus(args)

@@ -26,7 +26,7 @@ FETCHED = missing(DEFAULT_DIR, PAIR_DRAFTERS["weight-only"])
 
 @pytest.fixture(scope="module")
 def fake_realpair(tmp_path_factory):
-    """build/realpair/'s layout made of the testbed pair: target/ with a chat template, the drafters linked."""
+    """build/realpair/'s layout made of the testbed pair: target/ with a chat template, drafters linked."""
     from transformers import PreTrainedTokenizerFast
 
     directory = tmp_path_factory.mktemp("realpair")

@@ -2,39 +2,40 @@
 from a running drafter server (drafter/integrations/transformers_generate.py, through drafter.client), on
 each workload; it reports the target's tokens/s both ways (the speedup), tokens per round, acceptance by
 position, the share of wall time spent waiting for drafts, whether the outputs are identical (lossless),
-and the same rounds replayed on a *projected* GPU (bench/harness/projection.py).
+and the same rounds replayed on *projected* GPUs (bench/harness/projection.py, bench/harness/gpu_floors.py).
 
     python -m bench.acceptance --testbed [--drafter weight-only|dynamic|bf16] [--out DIR]
+    python -m bench.acceptance --realpair [DIR] [--quick] [--drafter weight-only|dynamic|bf16] [--out DIR]
     python -m bench.acceptance --target DIR --url http://127.0.0.1:8000 [--prompts FILE ...] [--json OUT]
 
 `--testbed` takes the committed pair (bench/testbed/): its target, its workloads, and a server it starts on
 the drafter's FP8 weight-only export, told the target's measured verify time (what `"auto"` weighs k
-against). `--num-draft-tokens` takes a list, e.g. `2,4,8,16,auto`. Each `--prompts` file is a workload
-(named by its lines' "workload" field, else the file's stem): JSONL of `{"tokens": [ids]}`, `{"text": ...}`
-(needs the target's tokenizer) or bare lists of ids; without one, seeded random ids. `mean_accepted_tokens`,
-`acceptance_by_position` and `rounds` are SpeculationStats' (a perfect drafter scores k + 1). Without
---stop-at-eos both paths decode through EOS (`min_new_tokens` masks it, as `generate` does). Exit 2 on bad
-input or an unusable server (one line on stderr; a draft call the client had to skip counts as unusable,
-since acceptance measured without drafts means nothing), 1 if any output differs.
+against). `--realpair` does the same with the real pair (Qwen2.5-Coder-1.5B-Instruct verifying drafts of
+Qwen2.5-Coder-0.5B-Instruct) that `python -m bench.realpair fetch` leaves in DIR (build/realpair/), on
+bench/realpair/prompts.jsonl's code, prose and edit prompts under the target's chat template, decoding
+greedily to `<|im_end|>`; its defaults are bench/realpair/benchmark.py's. `--num-draft-tokens` takes a
+list, e.g. `2,4,8,16,auto`. Each `--prompts` file is a workload (named by its lines' "workload" field, else
+the file's stem): JSONL of `{"tokens": [ids]}`, `{"text": ...}` (needs the target's tokenizer) or bare
+lists of ids; without one, seeded random ids. `mean_accepted_tokens`, `acceptance_by_position` and
+`rounds` are SpeculationStats' (a perfect drafter scores k + 1). Without --stop-at-eos (off by default, on for
+--realpair) both paths decode through EOS (`min_new_tokens` masks it, as `generate` does). Exit 2 on bad
+input, a pair not on disk or an unusable server (one line on stderr; a draft call the client had to skip
+counts as unusable, since acceptance measured without drafts means nothing), 1 if any output differs.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
-import os
 import sys
 from importlib import metadata
-from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from bench.acceptance_args import parse_args
 from bench.acceptance_report import print_summary, result, summarize, write_outputs
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
-    TESTBED_DRAFTERS,
+    PAIR_DRAFTERS,
     drafter_url,
     load_target,
     server_info,
@@ -43,7 +44,6 @@ from bench.harness.decoding import (
     timed,
 )
 from bench.harness.machine import describe
-from bench.harness.projection import GpuModel
 from bench.harness.prompts import (
     WARMUP_PROMPT_LEN,
     WARMUP_SEED,
@@ -53,92 +53,16 @@ from bench.harness.prompts import (
     read_prompt_lines,
 )
 from bench.harness.refusals import ServerRefused
-from bench.testbed import PAIR
+from bench.realpair import benchmark as realpair
 from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
-from drafter.sessions.draft_source import MODEL, SOURCES
 
 
-def draft_lengths(text: str) -> list[int | str]:
-    lengths = []
-    for word in text.split(","):
-        word = word.strip()
-        if word != AUTO and not (word.isdigit() and int(word) >= 1):
-            raise argparse.ArgumentTypeError(
-                f'expected positive integers or "auto", comma-separated, got {text!r}'
-            )
-        lengths.append(AUTO if word == AUTO else int(word))
-    return lengths
-
-
-def draft_sources(text: str) -> list[str]:
-    sources = [word.strip() for word in text.split(",")]
-    if not sources or any(source not in SOURCES for source in sources):
-        raise argparse.ArgumentTypeError(
-            f"expected some of {', '.join(SOURCES)}, comma-separated, got {text!r}"
-        )
-    return sources
-
-
-def parse_args(argv):
-    def positive(text: str) -> int:
-        if not text.isdigit() or int(text) < 1:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-        return int(text)
-
-    cuda = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--testbed", nargs="?", const=PAIR, type=Path, help="the testbed pair's directory")
-    parser.add_argument(
-        "--drafter", choices=TESTBED_DRAFTERS, default="weight-only", help="--testbed's drafter"
-    )
-    parser.add_argument("--target", type=Path, help="HF checkpoint directory of the target, or a preset")
-    parser.add_argument("--url", help="base URL of a running drafter server [--testbed: one it starts]")
-    parser.add_argument("--prompts", type=Path, action="append", help="a workload's JSONL (repeatable)")
-    parser.add_argument("--json", type=Path, help="write the report here")
-    parser.add_argument("--out", type=Path, help="write report.json, report.md and speedup.png here")
-    parser.add_argument("--max-new-tokens", type=positive, help="[--testbed: the recipe's, else 64]")
-    parser.add_argument(
-        "--num-draft-tokens", type=draft_lengths, help="e.g. 2,4,8,16,auto [8; --testbed: that]"
-    )
-    parser.add_argument(
-        "--source",
-        type=draft_sources,
-        default=[MODEL],
-        help="draft sources to measure, e.g. model,suffix,hybrid (drafter.sessions.draft_source) [model]",
-    )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if cuda else "cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="[bfloat16 on CUDA, float32 on CPU]")
-    parser.add_argument("--api-key", help="bearer token for the server [DRAFTER_API_KEY]")
-    parser.add_argument("--stop-at-eos", action="store_true", help="end a prompt at EOS (both paths)")
-    defaults = GpuModel()
-    parser.add_argument("--gpu-verify-ms", type=float, default=defaults.verify_ms, help="projection's verify")
-    parser.add_argument("--gpu-draft-step-ms", type=float, default=defaults.draft_step_ms)
-    parser.add_argument("--gpu-draft-overhead-ms", type=float, default=defaults.draft_overhead_ms)
-    args = parser.parse_args(argv)
-    if args.out and importlib.util.find_spec("matplotlib") is None:  # before the run, not after it
-        parser.error("--out draws speedup.png with matplotlib: pip install -e '.[bench]'")
-    if args.testbed:
-        from bench.testbed.recipe import FULL
-
-        args.target = args.target or args.testbed / "target"
-        args.prompts = args.prompts or sorted((args.testbed / "workloads").glob("*.jsonl"))
-        args.max_new_tokens = args.max_new_tokens or FULL.workload_new_tokens
-        args.num_draft_tokens = args.num_draft_tokens or [2, 4, 8, 16, AUTO]
-    elif args.target is None or args.url is None:
-        parser.error("give --testbed, or both --target and --url")
-    args.max_new_tokens = args.max_new_tokens or 64
-    args.num_draft_tokens = args.num_draft_tokens or [8]
-    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    args.api_key = args.api_key or os.environ.get("DRAFTER_API_KEY")
-    args.gpu = GpuModel(args.gpu_verify_ms, args.gpu_draft_step_ms, args.gpu_draft_overhead_ms)
-    return args
-
-
-def read_workloads(args) -> dict[str, list] | None:
-    """Workload name -> its prompt file's entries, read before anything slow so that a typo fails at once."""
+def read_workloads(args, tokenizer) -> dict[str, list] | None:
+    """Workload name -> its prompt file's entries (--realpair without --prompts: its three kinds under the
+    target's chat template), read before anything slow so that a typo fails at once."""
+    if args.realpair and not args.prompts:
+        return realpair.workload_entries(tokenizer, args.quick)
     if not args.prompts:
         return None
     workloads: dict[str, list] = {}
@@ -169,7 +93,7 @@ def check_server(args, info: dict, vocab_size: int) -> None:
 
 def measure_workload(args, model, connect, prompts, warmup, bar) -> list[dict]:
     """Target alone on every prompt, then with drafts for each source and k, each after an untimed warm-up
-    and from the client `connect()` gives (for --testbed, a fresh server each time: a server's global suffix
+    and from the client `connect()` gives (for a pair, a fresh server each time: a server's global suffix
     index keeps every conversation's response, so a second run of the same prompts would draft from the
     first run's outputs)."""
     n, stop = args.max_new_tokens, args.stop_at_eos
@@ -200,7 +124,7 @@ def measure_run(args, model, client, prompts, warmup, bar, source, k, reference,
         outputs.append(out)
         speculative_s += seconds
         bar.update()
-    return {"source": source, **result(k, stats, outputs, reference, alone_s, speculative_s, args.gpu)}
+    return {"source": source, **result(k, stats, outputs, reference, alone_s, speculative_s, args.gpus)}
 
 
 def prepare(args, client: DraftClient, model, workloads):
@@ -221,8 +145,13 @@ def prepare(args, client: DraftClient, model, workloads):
 
 
 def run(args) -> dict:
-    workloads = read_workloads(args)
+    tokenizer = None
+    if args.realpair:
+        realpair.check_fetched(args.realpair, PAIR_DRAFTERS[args.drafter])
+        tokenizer = realpair.chat_tokenizer(args.target)
+    workloads = read_workloads(args, tokenizer)
     model = load_target(args.target, args.device, args.dtype)
+    generation = realpair.plain_greedy(model, tokenizer) if tokenizer else {"decoding": "greedy"}
     with (
         drafter_url(args, model) as (url, verify_ms, connect),
         DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
@@ -241,17 +170,20 @@ def run(args) -> dict:
         "lossless": all(r["lossless"] for r in results),
         "config": {
             "target": str(args.target),
-            "url": url if args.url else "started by --testbed",
+            "url": url if args.url else f"started by --{'testbed' if args.testbed else 'realpair'}",
+            "pair": args.pair and str(args.pair),
+            "quick": args.quick,
             "num_draft_tokens": args.num_draft_tokens,
             "sources": args.source,
             "max_new_tokens": args.max_new_tokens,
             "stop_at_eos": args.stop_at_eos,
+            "generation": generation,
             "device": args.device,
             "dtype": args.dtype,
             "num_prompts": {workload: len(p) for workload, p in prompts.items()},
             "target_verify_ms_told_to_server": verify_ms,
             "drafter": {key: info.get(key) for key in ("model", "quantization", "device", "dtype")},
-            "gpu_model": args.gpu.as_dict(),
+            "gpu_models": [gpu.as_dict() for gpu in args.gpus],
             "versions": {name: metadata.version(name) for name in ("torch", "transformers")},
         },
         "machine": describe(args.device),
@@ -259,7 +191,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__.split("\n\n")[0])
     try:
         report = run(args)
     except ValueError as error:  # a URL the client cannot use

@@ -21,9 +21,10 @@ def first_mismatch(output: list[int], reference: list[int]) -> int | None:
     return next((i for i in range(shorter) if output[i] != reference[i]), shorter)
 
 
-def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, gpu) -> dict:
+def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, gpus) -> dict:
     """One run's record: its SpeculationStats, its outputs against the target alone's, both wall times and
-    the same rounds projected on `gpu` (a bench.harness.projection.GpuModel)."""
+    the same rounds projected on each of `gpus` (bench.harness.projection.GpuModel; `projected_gpu` is the
+    first one's, `projected_gpu_by_model` all of them by name)."""
     mismatches = [first_mismatch(out, ref) for out, ref in zip(outputs, reference, strict=True)]
     tokens = sum(map(len, outputs))
     wait_s = sum(stats.draft_call_ms) / 1e3
@@ -49,7 +50,8 @@ def result(k, stats, outputs, reference, alone_s: float, speculative_s: float, g
             / max(1, stats.num_rounds),
         },
         "draft_call_ms": percentiles(stats.draft_call_ms),
-        "projected_gpu": project(stats.round_log, gpu, stats.suffix_log),
+        "projected_gpu": project(stats.round_log, gpus[0], stats.suffix_log),
+        "projected_gpu_by_model": {gpu.name: project(stats.round_log, gpu, stats.suffix_log) for gpu in gpus},
         "outputs": outputs,
         "target_only_outputs": reference,
     }
@@ -90,17 +92,19 @@ def fmt(value, spec: str = ".2f") -> str:
 
 def markdown(report: dict) -> str:
     config, machine = report["config"], report["machine"]
-    gpu = config["gpu_model"]
+    gpus = config["gpu_models"]
     lines = [
         f"Target `{config['target']}` ({config['device']}, {config['dtype']}), drafter {config['drafter']['model']} "
         f"({config['drafter']['quantization']}), {config['max_new_tokens']} new tokens per prompt, "
         f"prompts per workload {config['num_prompts']}; {machine['cpu']}, {machine['cpu_cores']} cores, "
-        f"{machine['date']}. Projected GPU: verify {gpu['verify_ms']} ms, draft "
-        f"{gpu['draft_overhead_ms']} ms + {gpu['draft_step_ms']} ms per token.",
+        f"{machine['date']}. Lossless (every output exactly the target's alone): "
+        f"{'yes' if report['lossless'] else 'NO'}.",
         "",
         "| workload | source | k | alone tok/s | with drafts tok/s | speedup | tokens/round | drafts/round "
-        "| from suffix | acceptance by position | waiting for drafts | lossless | projected GPU speedup |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| from suffix | acceptance by position | waiting for drafts | lossless | "
+        + " | ".join(f"projected speedup, {gpu['name']}" for gpu in gpus)
+        + " |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(gpus),
     ]
     for r in report["results"]:
         by_position = " ".join(fmt(a) for a in r["acceptance_by_position"][:8])
@@ -110,9 +114,19 @@ def markdown(report: dict) -> str:
             f"| {r['workload']} | {r.get('source', 'model')} | {r['num_draft_tokens']} | {r['target_tokens_per_s']:.1f} "
             f"| {r['speculative_tokens_per_s']:.1f} | **{r['speedup']:.2f}** | {r['mean_accepted_tokens']:.2f} "
             f"| {r['mean_drafts_per_round']:.1f} | {100 * r.get('suffix_draft_share', 0):.0f}% | {by_position} | {100 * r['draft_wait_share']:.0f}% "
-            f"| {'yes' if r['lossless'] else 'NO'} | {fmt(r['projected_gpu']['speedup'])} |"
+            f"| {'yes' if r['lossless'] else 'NO'} | "
+            + " | ".join(fmt(r["projected_gpu_by_model"][gpu["name"]]["speedup"]) for gpu in gpus)
+            + " |"
         )
-    lines += ["", '`"auto"` against the best fixed k chosen afterwards:', "",
+    lines += [
+        "",
+        "Projected GPU columns: the measured rounds replayed on a cost model (bench/harness/projection.py):",
+        "",
+    ]
+    lines += [f"- {gpu['name']}: verify {gpu['verify_ms']:.3g} ms, draft {gpu['draft_overhead_ms']:.3g} ms + "
+              f"{gpu['draft_step_ms']:.3g} ms per token. {gpu['basis']}" for gpu in gpus]  # fmt: skip
+    lines += ["", f'`"auto"` against the best fixed k chosen afterwards (projected: {gpus[0]["name"]}):',
+              "",
               "| workload | measured: best k | its speedup | auto | auto / best | projected: best k | its speedup "
               "| auto | auto / best |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for workload, entry in report["summary"].items():
@@ -148,7 +162,11 @@ def plot(report: dict, path: Path) -> None:
         labels = [str(r["num_draft_tokens"]) for r in rows]
         axes[0].plot(labels, [r["speedup"] for r in rows], marker="o", label=workload)
         axes[1].plot(labels, [r["projected_gpu"]["speedup"] for r in rows], marker="o", label=workload)
-    for ax, title in zip(axes, (f"measured ({report['machine']['cpu']})", "projected GPU"), strict=True):
+    for ax, title in zip(
+        axes,
+        (f"measured ({report['machine']['cpu']})", f"projected: {report['config']['gpu_models'][0]['name']}"),
+        strict=True,
+    ):
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set(title=title, xlabel="num_draft_tokens", ylabel="target speedup")
         ax.legend()
@@ -166,9 +184,12 @@ def write_outputs(report: dict, directory: Path) -> None:
 
 def print_summary(report: dict) -> None:
     for r in report["results"]:
+        projected = ", ".join(
+            f"{name} {fmt(p['speedup'])}x" for name, p in r["projected_gpu_by_model"].items()
+        )
         print(
             f"{r['workload']:>8} {r.get('source', 'model'):>6} k={r['num_draft_tokens']!s:<4} speedup {r['speedup']:.2f}x "
-            f"(projected GPU {fmt(r['projected_gpu']['speedup'])}x), {r['mean_accepted_tokens']:.2f} tokens/round, "
+            f"(projected: {projected}), {r['mean_accepted_tokens']:.2f} tokens/round, "
             f"waiting {100 * r['draft_wait_share']:.0f}%, lossless {'yes' if r['lossless'] else 'NO'}"
         )
         if not r["lossless"]:

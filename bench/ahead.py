@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
-    TESTBED_DRAFTERS,
+    PAIR_DRAFTERS,
     load_target,
     speculative_greedy,
     started_server,
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     [warmup] = random_prompts(vocab, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     verify_ms = verify_ms_per_token(model, warmup, argparse.Namespace(max_new_tokens=args.max_new_tokens))
     gpu = GpuModel()
-    base = ["--model", str(PAIR / TESTBED_DRAFTERS["weight-only"]), "--device", "cpu"]
+    base = ["--model", str(PAIR / PAIR_DRAFTERS["weight-only"]), "--device", "cpu"]
     base += ["--target-verify-ms", f"{verify_ms:.3f}", "--draft-source", MODEL, "--max-seq-len", "4096"]
     base += [f"--max-batch-size={max(8, args.branches)}"]  # one loop drafts all of a session's branches
     report = {"machine": describe("cpu"), "k": args.k, "branches": args.branches, "gpu_model": gpu.as_dict()}

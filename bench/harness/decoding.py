@@ -1,6 +1,7 @@
 """A transformers target decoding greedily, alone (the reference) and with drafts from a drafter server
 (drafter/integrations/transformers_generate.py, through drafter.client), and the servers it drafts from:
---url's, or for a testbed pair servers started on its drafter, told the target's measured verify time.
+--url's, or for a pair (the testbed's, the real one) servers started on its drafter, told the target's
+measured verify time.
 The decoding loop bench/acceptance.py measures, and bench/ahead.py and bench/suffix/oracle.py reuse.
 """
 
@@ -24,7 +25,7 @@ for noisy in ("torchao", "torch.utils._pytree"):
     logging.getLogger(noisy).setLevel(logging.ERROR)
 
 DRAFT_TIMEOUT_S = 60  # a benchmark waits for every draft; a target would not (drafter.client's policy)
-TESTBED_DRAFTERS = {  # a testbed pair's drafters, by the name --drafter gives them
+PAIR_DRAFTERS = {  # a pair's drafters (the testbed's, the real pair's), by the name --drafter gives them
     "weight-only": "drafter-fp8-weight-only",
     "dynamic": "drafter-fp8-dynamic",
     "bf16": "drafter",
@@ -107,7 +108,7 @@ def started_server(flags: list[str]):
         url = server.wait_ready()
     except (RuntimeError, TimeoutError) as error:
         server.close()
-        raise BenchError(f"the drafter server for --testbed did not start: {error}") from None
+        raise BenchError(f"the drafter server did not start: {error}") from None
     try:
         yield url
     finally:
@@ -117,14 +118,14 @@ def started_server(flags: list[str]):
 @contextlib.contextmanager
 def drafter_url(args, model):
     """The server to use, the verify time it was told, and `connect()`, a client for one run: --url's server,
-    or for --testbed servers on the pair's drafter, a fresh one per run (see bench/acceptance.py's
-    measure_workload)."""
+    or for a pair (`args.pair`: --testbed's or --realpair's directory) servers on its drafter, a fresh one
+    per run (see bench/acceptance.py's measure_workload)."""
     if args.url:
         yield args.url, None, lambda: DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
         return
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     verify_ms = verify_ms_per_token(model, warmup, args)
-    model_dir = args.testbed / TESTBED_DRAFTERS[args.drafter]
+    model_dir = args.pair / PAIR_DRAFTERS[args.drafter]
     flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
     print(f"drafter servers on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
 

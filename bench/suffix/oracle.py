@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=8)
     args = parser.parse_args(argv)
     setup = argparse.Namespace(
-        testbed=PAIR,
+        pair=PAIR,
         url=None,
         drafter="weight-only",
         device="cpu",

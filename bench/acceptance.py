@@ -153,7 +153,7 @@ def run(args) -> dict:
     model = load_target(args.target, args.device, args.dtype)
     generation = realpair.plain_greedy(model, tokenizer) if tokenizer else {"decoding": "greedy"}
     with (
-        drafter_url(args, model) as (url, verify_ms, connect),
+        drafter_url(args, model) as (url, target_costs, connect),
         DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,
     ):
         prompts, warmup, info = prepare(args, client, model, workloads)
@@ -181,7 +181,7 @@ def run(args) -> dict:
             "device": args.device,
             "dtype": args.dtype,
             "num_prompts": {workload: len(p) for workload, p in prompts.items()},
-            "target_verify_ms_told_to_server": verify_ms,
+            "target_costs_told_to_server": target_costs,
             "drafter": {key: info.get(key) for key in ("model", "quantization", "device", "dtype")},
             "gpu_models": [gpu.as_dict() for gpu in args.gpus],
             "versions": {name: metadata.version(name) for name in ("torch", "transformers")},

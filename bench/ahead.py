@@ -32,9 +32,9 @@ from bench.harness.decoding import (
     load_target,
     speculative_greedy,
     started_server,
+    target_cost_flags,
     target_greedy,
     timed,
-    verify_ms_per_token,
 )
 from bench.harness.machine import describe
 from bench.harness.projection import GpuModel
@@ -157,10 +157,12 @@ def main(argv=None) -> int:
     model = load_target(PAIR / "target", "cpu", "float32")
     vocab = model.config.vocab_size
     [warmup] = random_prompts(vocab, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
-    verify_ms = verify_ms_per_token(model, warmup, argparse.Namespace(max_new_tokens=args.max_new_tokens))
+    cost_flags, _, _ = target_cost_flags(
+        model, warmup, argparse.Namespace(max_new_tokens=args.max_new_tokens)
+    )
     gpu = GpuModel()
-    base = ["--model", str(PAIR / PAIR_DRAFTERS["weight-only"]), "--device", "cpu"]
-    base += ["--target-verify-ms", f"{verify_ms:.3f}", "--draft-source", MODEL, "--max-seq-len", "4096"]
+    base = ["--model", str(PAIR / PAIR_DRAFTERS["weight-only"]), "--device", "cpu", *cost_flags]
+    base += ["--draft-source", MODEL, "--max-seq-len", "4096"]
     base += [f"--max-batch-size={max(8, args.branches)}"]  # one loop drafts all of a session's branches
     report = {"machine": describe("cpu"), "k": args.k, "branches": args.branches, "gpu_model": gpu.as_dict()}
     report["verify_floor_ms"] = args.verify_floor_ms

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from drafter.sessions.draft_length import PROBE_EVERY
 from tests.server_process import metric_value, shared_server
 from tests.session_server import AUTO_MAX_QUEUE, MAX_SEQ_LEN, ORACLE_MODEL, Conversation, session_server_args
 
@@ -108,6 +109,10 @@ def test_auto_answers_no_drafts_at_once_behind_a_saturated_queue(client, url):
     assert response.json()["tokens"] == [] and response.json()["num_draft_tokens"] == 0
     assert "queue;dur=0.000" in response.headers["server-timing"]
     assert still_queued > 0  # it was answered while the queue was still draining, not after
-    idle = client.post("/draft", json={"tokens": [1, 2, 3], "num_draft_tokens": "auto"})
-    assert idle.json()["num_draft_tokens"] >= 1
+    # Idle again, auto drafts by acceptance alone: a conversation whose drafts are all kept drafts again
+    # (at once, or after a probe where earlier tests left the server-wide estimate low), and so does
+    # a sessionless call, which starts from that estimate.
+    idle = auto_lengths(client, "auto-after-load", [(1.0, PROBE_EVERY + 4)], seed=4)
+    assert idle[-1] >= 1, idle
+    assert client.post("/draft", json={"tokens": [1, 2, 3], "num_draft_tokens": "auto"}).json()["tokens"]
     assert len(client.post("/draft", json={"tokens": [1, 2, 3]}).json()["tokens"]) >= 1  # default: auto

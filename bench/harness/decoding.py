@@ -98,6 +98,36 @@ def verify_ms_per_token(model, warmup: list[int], args) -> float:
     return 1e3 * seconds / args.max_new_tokens
 
 
+@torch.inference_mode()
+def verify_ms_per_extra_token(model, prompt: list[int], k: int = 8, repeats: int = 3) -> float:
+    """What each more token in the target's verify pass costs, in ms: the fastest of a few passes of k + 1
+    tokens against one token, over the same cached prompt. ~0 where the pass is memory-bound (a GPU); on a
+    CPU the tokens cost compute, and `"auto"` must know it (--target-verify-ms-per-token)."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([prompt], device=model.device)
+    cache = DynamicCache()
+    model(ids, past_key_values=cache, use_cache=True)
+
+    def fastest_ms(num_tokens: int) -> float:
+        times = []
+        for _ in range(repeats):
+            cache.crop(len(prompt))
+            _, seconds = timed(model, ids[:, -num_tokens:], None, None, cache)
+            times.append(seconds)
+        return 1e3 * min(times)
+
+    return max(fastest_ms(k + 1) - fastest_ms(1), 0.0) / k
+
+
+def target_cost_flags(model, warmup: list[int], args) -> tuple[list[str], float, float]:
+    """The server flags that tell `"auto"` the target's costs, measured here, and the two figures."""
+    step_ms = verify_ms_per_token(model, warmup, args)
+    token_ms = verify_ms_per_extra_token(model, warmup)
+    flags = ["--target-verify-ms", f"{step_ms:.3f}", "--target-verify-ms-per-token", f"{token_ms:.3f}"]
+    return flags, step_ms, token_ms
+
+
 @contextlib.contextmanager
 def started_server(flags: list[str]):
     """A drafter server with these flags, stopped after."""
@@ -124,10 +154,14 @@ def drafter_url(args, model):
         yield args.url, None, lambda: DraftClient(args.url, args.api_key, timeout_s=DRAFT_TIMEOUT_S)
         return
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
-    verify_ms = verify_ms_per_token(model, warmup, args)
+    cost_flags, verify_ms, token_ms = target_cost_flags(model, warmup, args)
     model_dir = args.pair / PAIR_DRAFTERS[args.drafter]
-    flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
-    print(f"drafter servers on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
+    flags = ["--model", str(model_dir), "--device", args.device, *cost_flags]
+    print(
+        f"drafter servers on {model_dir} (target step {verify_ms:.2f} ms, {token_ms:.2f} ms per more token "
+        "verified)",
+        file=sys.stderr,
+    )
 
     @contextlib.contextmanager
     def connect():
@@ -138,4 +172,4 @@ def drafter_url(args, model):
             yield client
 
     with started_server(flags) as url:
-        yield url, verify_ms, connect
+        yield url, {"step_ms": verify_ms, "per_token_ms": token_ms}, connect

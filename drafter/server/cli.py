@@ -79,7 +79,15 @@ OPTIONS: dict[str, tuple] = {
     "body-timeout-s": (float, "a /draft body still incomplete after this is refused with 408 [10]"),
     "num-threads": (int, "torch CPU threads [on CPU: cores - 1, leaving one to the HTTP side]"),
     "default-draft-length": (draft_length, "k when a request names none: auto or N [min(16, max)]"),
-    "target-verify-ms": (float, "the target's verify pass in ms, which auto weighs drafts against [25]"),
+    "target-verify-ms": (
+        float,
+        "the target's step in ms (a verify pass of one token), which auto weighs drafts against [25]",
+    ),
+    "target-verify-ms-per-token": (
+        float,
+        "what each more token verified adds to the target's pass, in ms: ~0 where the verify is "
+        "memory-bound (a GPU), a sizeable part of a step on a CPU [0]",
+    ),
     "auto-max-queue": (int, "queue depth at which auto answers 0 drafts at once [max batch size]"),
     "max-sessions": (int, "sessions held; the least recently used go first [1024]"),
     "session-ttl-s": (float, "a session idle this long is dropped [600]"),

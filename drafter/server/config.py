@@ -57,7 +57,10 @@ class ServerConfig:
     num_threads: int | None = None  # torch intra-op threads; None leaves torch's default
     body_timeout_s: float = 10.0  # a /draft body not fully received after this is refused (408)
     default_draft_length: int | str | None = None  # k when a request names none: N or "auto" [min(16, max)]
-    target_verify_ms: float = 25.0  # the target's verify pass, the cost auto weighs drafts against
+    target_verify_ms: float = (
+        25.0  # the target's step (one token verified), the cost auto weighs drafts against
+    )
+    target_verify_ms_per_token: float = 0.0  # what each more token verified adds to the target's pass
     auto_max_queue: int | None = None  # queue depth at which auto answers 0 drafts at once [max batch size]
     max_sessions: int = 1024  # sessions held (each up to max_seq_len int64 ids); least recently used go first
     session_ttl_s: float = 600.0  # a session idle this long is dropped
@@ -103,6 +106,10 @@ class ServerConfig:
             )
         if not self.target_verify_ms > 0:
             raise ServerConfigError(f"target_verify_ms must be positive, got {self.target_verify_ms}")
+        if not self.target_verify_ms_per_token >= 0:
+            raise ServerConfigError(
+                f"target_verify_ms_per_token must be >= 0, got {self.target_verify_ms_per_token}"
+            )
         if self.auto_max_queue is not None and self.auto_max_queue < 0:
             raise ServerConfigError(f"auto_max_queue must be at least 0, got {self.auto_max_queue}")
         if self.max_sessions < 1:

@@ -127,7 +127,9 @@ class Runtime:
                 on_drop=self.session_dropped,
             ),
             DraftLengthPolicy(
-                DraftCost(config.target_verify_ms, costs.base_ms, costs.step_ms),
+                DraftCost(
+                    config.target_verify_ms, costs.base_ms, costs.step_ms, config.target_verify_ms_per_token
+                ),
                 config.max_draft_tokens,
                 config.max_batch_size,
                 config.auto_zero_queue_depth,

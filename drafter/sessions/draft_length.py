@@ -1,11 +1,15 @@
 """The draft-length policy behind `"num_draft_tokens": "auto"`: an acceptance estimate per session, and the
 k that maximizes the target's tokens per unit of time under the server's current load.
 
-Why this objective: one speculative round costs the target one verify pass (`target_verify_ms`, a setting:
-only the operator knows the target) plus the wait for our draft (`draft_base_ms + steps(k) * step_ms`, measured
-at startup), and yields `1 + E[accepted | k]` tokens (the accepted drafts plus the target's own token). With a
-per-token acceptance p, `E[accepted | k] = p + p^2 + ... + p^k`. Leviathan et al.'s speedup analysis
-maximizes exactly this ratio; k = 0 costs only the verify pass and yields one token. `steps(k)` is the
+Why this objective: one speculative round costs the target one verify pass of k + 1 tokens
+(`target_verify_ms + k * target_token_ms`, settings: only the operator knows the target) plus the wait for
+our draft (`draft_base_ms + steps(k) * step_ms`, measured at startup), and yields `1 + E[accepted | k]` tokens
+(the accepted drafts plus the target's own token). With a per-token acceptance p,
+`E[accepted | k] = p + p^2 + ... + p^k`. Leviathan et al.'s speedup analysis maximizes exactly this ratio.
+k = 0 is a plain decode step: `target_verify_ms` for one token, no draft to wait for (the answer skips the
+engine). `target_token_ms` is ~0 where the target's verify is memory-bound (a GPU verifying a few tokens
+reads its weights once, however many); on a CPU each verified token costs compute, a sizeable part of a
+step, and without it the policy drafts long where short drafts or none are faster. `steps(k)` is the
 engine's own count (engine/tiers.py): k eagerly, k + 1 on compiled paths, and under CUDA graphs the
 smallest captured tier >= k plus one, so k = 5 costs what k = 8 does and the policy drafts 8 instead.
 
@@ -20,14 +24,20 @@ request waits through, so a draft token's marginal cost is its step time times (
 The steeper cost moves the optimum to shorter drafts; past `max_queue_depth` waiting requests the policy
 answers 0 drafts at once, which is never slower for the target than waiting in the queue.
 
-Acceptance-driven choices never go below 1 draft: a session answered 0 drafts would teach the estimate
-nothing, and one draft step is cheap next to a verify pass. This module knows nothing of HTTP or sessions.
+Why 0 drafts, and probes: where drafting costs more than the accepted tokens save (low acceptance, or a
+draft step that is not cheap next to a verify pass, as on a CPU), the policy answers 0 drafts and the
+target decodes as it would alone: speculation must never make it slower. A session answered 0 drafts
+teaches the estimate nothing, so after PROBE_EVERY such calls in a row the next one drafts at the best
+k >= 1 (a probe): if acceptance has risen, the session drafts again. A probe that changes nothing doubles
+the wait before the next (up to MAX_PROBE_EVERY calls), so a session where speculation never pays pays for
+few probes: on the real pair's CPU costs a probe costs ~0.85 of a plain step more, ~1.3% of the time spent
+at MAX_PROBE_EVERY. This module knows nothing of HTTP or sessions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,6 +45,8 @@ PRIOR_ACCEPTANCE = 0.7  # a fresh server's guess, before any feedback arrives
 PRIOR_WEIGHT = 2.0  # worth two rounds of evidence: the first real rounds outweigh it at once
 STEP_WEIGHT = 0.05  # of each batch's decode ms per step in the running step cost
 DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
+PROBE_EVERY = 8  # calls answered 0 drafts (by acceptance) before a session's next call drafts to learn
+MAX_PROBE_EVERY = 64  # the wait doubles after each probe that did not bring drafting back, up to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +55,21 @@ class Acceptance:
 
     accepted: float = PRIOR_ACCEPTANCE * PRIOR_WEIGHT
     rejected: float = (1 - PRIOR_ACCEPTANCE) * PRIOR_WEIGHT
+    rounds_without_drafts: int = 0  # calls in a row answered 0 model drafts since the last verified one
+    probe_every: int = PROBE_EVERY  # such calls before the next probe
 
     @property
     def p(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
     def updated(self, num_drafted: int, num_accepted: int) -> Acceptance:
-        if num_drafted == 0:  # nothing proposed, nothing learned
-            return self
+        if num_drafted == 0:  # nothing proposed, nothing learned: one more round towards a probe
+            return replace(self, rounds_without_drafts=self.rounds_without_drafts + 1)
         rejected = 1.0 if num_accepted < num_drafted else 0.0
-        return Acceptance(DECAY * self.accepted + num_accepted, DECAY * self.rejected + rejected)
+        # Drafts after a wait were a probe: the next wait is twice as long; drafting resumed resets it.
+        probed = self.rounds_without_drafts >= self.probe_every
+        wait = min(2 * self.probe_every, MAX_PROBE_EVERY) if probed else PROBE_EVERY
+        return Acceptance(DECAY * self.accepted + num_accepted, DECAY * self.rejected + rejected, 0, wait)
 
 
 class DraftLengthConfigError(ValueError):
@@ -63,13 +80,16 @@ class DraftLengthConfigError(ValueError):
 class DraftCost:
     """What one call costs the target, in ms; the draft part measured on this server at startup."""
 
-    target_verify_ms: float
+    target_verify_ms: float  # one target step: a verify pass of one token (a plain decode step)
     draft_base_ms: float  # a draft call's fixed cost (prefill of the new tokens, loop set-up, host work)
     step_ms: float  # one decode step
+    target_token_ms: float = 0.0  # what each more token verified adds to the target's pass
 
     def __post_init__(self):
         if not self.target_verify_ms > 0:
             raise DraftLengthConfigError(f"target_verify_ms must be positive, got {self.target_verify_ms}")
+        if not self.target_token_ms >= 0:
+            raise DraftLengthConfigError(f"target_token_ms must be >= 0, got {self.target_token_ms}")
         if self.draft_base_ms < 0 or self.step_ms < 0:
             raise DraftLengthConfigError("measured draft costs must not be negative")
 
@@ -102,7 +122,8 @@ class DraftLengthPolicy:
             self.step_ms += STEP_WEIGHT * (decode_ms / num_steps - self.step_ms)
 
     def choose(self, acceptance: Acceptance, load: Load, room: int) -> int:
-        """k in [0, min(max_draft_tokens, room)]: 0 only under load (or with no room left)."""
+        """k in [0, min(max_draft_tokens, room)]: 0 under load, with no room left, or where no k >= 1 beats
+        a plain decode step (then a probe every PROBE_EVERY + 1 calls)."""
         limit = min(self.max_draft_tokens, room)
         if load.queue_depth >= self.max_queue_depth or limit < 1:
             return 0
@@ -110,15 +131,25 @@ class DraftLengthPolicy:
         step_ms = self.step_ms * (1.0 + (load.queue_depth + load.running) / self.max_batch_size)
         expected = np.cumsum(np.full(limit, acceptance.p).cumprod())  # E[accepted | k] for k = 1..limit
         ks = np.arange(1, limit + 1)
-        rate = (1.0 + expected) / (cost.target_verify_ms + cost.draft_base_ms + self.steps[:limit] * step_ms)
-        return int(ks[np.argmax(rate)])  # argmax takes the shortest k among equals
+        verify_ms = cost.target_verify_ms + ks * cost.target_token_ms
+        rate = (1.0 + expected) / (verify_ms + cost.draft_base_ms + self.steps[:limit] * step_ms)
+        best = int(np.argmax(rate))  # argmax takes the shortest k among equals
+        if (
+            rate[best] > 1.0 / cost.target_verify_ms
+            or acceptance.rounds_without_drafts >= acceptance.probe_every
+        ):
+            return int(ks[best])
+        return 0
 
     def describe(self) -> dict:
         cost = self.cost
         return {
-            "objective": "max (1 + E[accepted | k]) / (target_verify_ms + draft_base_ms + steps(k) * step_ms)",
+            "objective": "max (1 + E[accepted | k]) / (target_verify_ms + k * target_token_ms + draft_base_ms "
+            "+ steps(k) * step_ms), against 1 / target_verify_ms for 0 drafts",
             "steps_by_k": [int(s) for s in self.steps],
             "target_verify_ms": cost.target_verify_ms,
+            "target_token_ms": cost.target_token_ms,
+            "probe_after_zero_draft_calls": PROBE_EVERY,
             "draft_base_ms": round(cost.draft_base_ms, 4),
             "step_ms": round(self.step_ms, 4),
             "step_ms_at_startup": round(cost.step_ms, 4),

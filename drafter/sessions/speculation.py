@@ -155,7 +155,9 @@ class Speculation:
         """The model's estimate after the target kept `accepted` of the session's last drafts: the model's
         part was verified only if the whole suffix head before it was kept."""
         head_len, num_model = session.head_len, len(session.drafts) - session.head_len
-        if num_model and accepted >= head_len:
+        if num_model == 0:  # answered no model drafts: a round towards auto's probe
+            return acceptance.updated(0, 0)
+        if accepted >= head_len:
             return acceptance.updated(num_model, accepted - head_len)
         return acceptance
 

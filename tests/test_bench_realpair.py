@@ -137,3 +137,43 @@ def test_realpair_quick_on_the_real_pair_is_lossless(tmp_path):
     assert report["lossless"] and all(r["lossless"] for r in report["results"])
     assert {r["workload"] for r in report["results"]} == set(KINDS)
     assert report["config"]["drafter"]["quantization"] == "fp8-weight-only"
+
+
+def test_rounds_by_agreement_are_the_loops_rounds():
+    """bench.realpair rounds: a k-draft loop keeps the run of agreements from each round's start, at most k,
+    never past the output's last token, then the target's own token."""
+    from bench.realpair.rounds import round_log
+
+    agree = [True, True, False, True, True, True, True, False, True]
+    assert round_log(agree, 2) == [(2, 2), (2, 2), (2, 1), (0, 0)]  # rounds at 0, 3, 6 and 8
+    assert round_log(agree, 8) == [(8, 2), (5, 4), (0, 0)]  # the last round has no room to draft
+    assert round_log([], 4) == []
+
+
+def test_rounds_on_a_fake_pair_equal_the_measured_loop(fake_realpair, tmp_path):
+    """The exact tokens per round from teacher-forced agreement equal the speculative loop's, measured."""
+    from bench.realpair.__main__ import main as realpair_main
+
+    out = tmp_path / "rounds"
+    argv = [
+        "rounds",
+        "--dir",
+        str(fake_realpair),
+        "--quick",
+        "--max-new-tokens=12",
+        "--k=4",
+        "--out",
+        str(out),
+    ]
+    assert realpair_main(argv) == 0
+    exact = {
+        row["workload"]: row["tokens_per_round"]
+        for row in json.loads((out / "report.json").read_text())["results"]
+    }
+    measured, _ = run_quick(
+        fake_realpair, tmp_path, "--max-new-tokens=12", "--num-draft-tokens=4", "--source=model"
+    )
+    loop = {row["workload"]: row["mean_accepted_tokens"] for row in measured["results"]}
+    assert exact.keys() == loop.keys() == set(KINDS)
+    for kind in KINDS:  # up to a near-tie between a decode step's rounding and a prefill's
+        assert exact[kind] == pytest.approx(loop[kind], rel=0.05), (kind, exact, loop)

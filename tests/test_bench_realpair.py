@@ -162,14 +162,19 @@ def test_rounds_on_a_fake_pair_equal_the_measured_loop(fake_realpair, tmp_path):
         "--quick",
         "--max-new-tokens=12",
         "--k=4",
+        "--drafters=weight-only,bf16",
         "--out",
         str(out),
     ]
     assert realpair_main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
     exact = {
         row["workload"]: row["tokens_per_round"]
-        for row in json.loads((out / "report.json").read_text())["results"]
+        for row in report["results"]
+        if row["drafter"] == "weight-only"
     }
+    assert {row["drafter"] for row in report["results"]} == {"weight-only", "bf16"}
+    assert "greedy token differs from bf16's" in (out / "report.md").read_text()
     measured, _ = run_quick(
         fake_realpair, tmp_path, "--max-new-tokens=12", "--num-draft-tokens=4", "--source=model"
     )

@@ -10,8 +10,10 @@ then adds the target's own token. bench.acceptance measures the same rounds thro
 quick prompts; the two agree up to near-ties (a decode step's rounding is not a prefill's).
 
 Per prompt: the target's greedy output (timed: the alone tokens/s), then one draft call per output
-position to a drafter server on the served FP8 export (model drafts, no drafting ahead; its prefix cache
-prefills one new token a call). Reported per workload and k: tokens per round, acceptance by position, the
+position to a drafter server on the served FP8 export (model drafts, no drafting ahead; all of a prompt's
+positions in flight at once, batched by the server). `--drafters weight-only,dynamic,bf16` repeats the draft
+calls for each drafter on the same target outputs: what FP8 costs, on every prompt, and how often each
+one's greedy token differs from bf16's. Reported per workload and k: tokens per round, acceptance by position, the
 projected GPU speedups (bench/harness/gpu_floors.py), and a CPU figure *modelled* from the target's measured
 step and per-token verify cost and the server's measured draft costs (the quick run measures the real one).
 About 35 minutes for all 54 prompts at 64 new tokens on 2 cores, most of it the target's decoding.
@@ -20,6 +22,7 @@ About 35 minutes for all 54 prompts at 64 new tokens on 2 cores, most of it the 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -41,20 +44,36 @@ from bench.harness.machine import describe
 from bench.harness.projection import project
 from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, random_prompts
 from bench.realpair import benchmark as realpair
-from drafter.client import DraftClient
+from drafter.client import AsyncDraftClient, DraftClient
 
 KS = (1, 2, 3, 4, 6, 8, 12, 16)
 MAX_NEW_TOKENS = 64
-SERVER_FLAGS = ["--draft-source", "model", "--draft-ahead", "0", "--max-seq-len", "4096"]
+SERVER_FLAGS = [
+    "--draft-source",
+    "model",
+    "--draft-ahead",
+    "0",
+    "--max-seq-len",
+    "4096",
+    "--max-batch-size",
+    "16",
+    "--request-timeout-s",
+    "600",
+]
+DRAFT_TIMEOUT_S = 600  # a prompt's positions all wait in the server's queue together
 
 
-def agreement(client: DraftClient, prompt: list[int], output: list[int]) -> list[bool]:
-    """Per position t of the target's output: does the drafter's greedy token after prompt + output[:t]
-    equal output[t]?"""
-    return [
-        client.draft(prompt + output[:t], 1, source="model").tokens == output[t : t + 1]
-        for t in range(len(output))
-    ]
+def greedy_tokens(url: str, prompt: list[int], output: list[int]) -> list[int | None]:
+    """Per position t of the target's output, the drafter's greedy token after prompt + output[:t] (None
+    where it drafted nothing). All positions in flight at once, for the server to batch (each row prefills
+    only what its prefix cache lacks)."""
+
+    async def drafts():
+        async with AsyncDraftClient(url, timeout_s=DRAFT_TIMEOUT_S) as client:
+            calls = [client.draft(prompt + output[:t], 1, source="model") for t in range(len(output))]
+            return await asyncio.gather(*calls)
+
+    return [answer.tokens[0] if answer.tokens else None for answer in asyncio.run(drafts())]
 
 
 def round_log(agree: list[bool], k: int) -> list[tuple[int, int]]:
@@ -98,52 +117,70 @@ def summarize(agreements: list[list[bool]], k: int, costs: dict, gpus) -> dict:
     }
 
 
+def target_outputs(model, workloads: dict, max_new_tokens: int) -> list[dict]:
+    """The target's greedy output for every prompt, timed: {kind, prompt, tokens, output, alone_s} each."""
+    rows = []
+    with tqdm(total=sum(map(len, workloads.values())), desc="target", unit="prompt", file=sys.stderr) as bar:
+        for kind, entries in workloads.items():
+            for where, entry in entries:
+                output, seconds = timed(target_greedy, model, entry["tokens"], max_new_tokens, True)
+                rows.append(
+                    dict(kind=kind, prompt=where, tokens=entry["tokens"], output=output, alone_s=seconds)
+                )
+                bar.update()
+    return rows
+
+
+def drafter_tokens(model_dir: Path, cost_flags: list[str], rows: list[dict]) -> tuple[list[list], dict]:
+    """One drafter's greedy token at every position of every output, and its measured draft costs."""
+    flags = ["--model", str(model_dir), "--device", "cpu", *SERVER_FLAGS, *cost_flags]
+    with started_server(flags) as url, DraftClient(url, timeout_s=60) as client:
+        policy = server_info(client)["draft_length_policy"]
+        tokens = [
+            greedy_tokens(url, row["tokens"], row["output"])
+            for row in tqdm(rows, desc=model_dir.name, unit="prompt", file=sys.stderr)
+        ]
+    return tokens, {"draft_base_ms": policy["draft_base_ms"], "draft_step_ms": policy["step_ms_at_startup"]}
+
+
 def run(args) -> dict:
     directory = args.dir
-    realpair.check_fetched(directory, PAIR_DRAFTERS["weight-only"])
+    for drafter in args.drafters:
+        realpair.check_fetched(directory, PAIR_DRAFTERS[drafter])
     tokenizer = realpair.chat_tokenizer(directory / realpair.TARGET)
     workloads = realpair.workload_entries(tokenizer, args.quick)
     model = load_target(directory / realpair.TARGET, "cpu", "float32")
     generation = realpair.plain_greedy(model, tokenizer)
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+    started = time.perf_counter()
     cost_flags, step_ms, per_token_ms = target_cost_flags(model, warmup, args)
-    flags = ["--model", str(directory / PAIR_DRAFTERS["weight-only"]), "--device", "cpu", *SERVER_FLAGS]
+    rows = target_outputs(model, workloads, args.max_new_tokens)
     gpus = [GPU_MODELS[name] for name in realpair.GPU_MODELS]
-    total = sum(map(len, workloads.values()))
-    per_prompt, started = [], time.perf_counter()
-    with started_server(flags + cost_flags) as url, DraftClient(url, timeout_s=60) as client:
-        policy = server_info(client)["draft_length_policy"]
-        costs = dict(step_ms=step_ms, per_token_ms=per_token_ms)
-        costs.update(draft_base_ms=policy["draft_base_ms"], draft_step_ms=policy["step_ms_at_startup"])
-        with tqdm(total=total, desc="rounds", unit="prompt", file=sys.stderr) as bar:
-            for kind, entries in workloads.items():
-                for where, entry in entries:
-                    prompt = entry["tokens"]
-                    output, seconds = timed(target_greedy, model, prompt, args.max_new_tokens, True)
-                    agree = agreement(client, prompt, output)
-                    per_prompt.append(
-                        dict(kind=kind, prompt=where, alone_s=seconds, output=output, agree=agree)
-                    )
-                    bar.update()
-    results = []
-    for kind in workloads:
-        rows = [p for p in per_prompt if p["kind"] == kind]
-        agreements = [p["agree"] for p in rows]
-        alone = sum(len(p["output"]) for p in rows) / sum(p["alone_s"] for p in rows)
-        for k in args.k:
-            results.append(
-                {"workload": kind, "alone_tokens_per_s": alone, **summarize(agreements, k, costs, gpus)}
-            )
+    results, drafters = [], {}
+    for drafter in args.drafters:
+        tokens, draft_costs = drafter_tokens(directory / PAIR_DRAFTERS[drafter], cost_flags, rows)
+        costs = dict(step_ms=step_ms, per_token_ms=per_token_ms, **draft_costs)
+        drafters[drafter] = {"costs": costs, "tokens": tokens}
+        for kind in workloads:
+            mine = [(row, drafted) for row, drafted in zip(rows, tokens, strict=True) if row["kind"] == kind]
+            agreements = [
+                [d == t for d, t in zip(drafted, row["output"], strict=True)] for row, drafted in mine
+            ]
+            alone = sum(len(row["output"]) for row, _ in mine) / sum(row["alone_s"] for row, _ in mine)
+            for k in args.k:
+                figures = summarize(agreements, k, costs, gpus)
+                results.append({"drafter": drafter, "workload": kind, "alone_tokens_per_s": alone, **figures})
     return {
         "results": results,
-        "prompts": per_prompt,
+        "prompts": rows,
+        "drafters": drafters,
         "config": {
             "pair": str(directory),
             "quick": args.quick,
             "max_new_tokens": args.max_new_tokens,
             "k": list(args.k),
+            "drafters": list(args.drafters),
             "generation": generation,
-            "costs": costs,
             "gpu_models": [gpu.as_dict() for gpu in gpus],
             "seconds": time.perf_counter() - started,
         },
@@ -151,14 +188,27 @@ def run(args) -> dict:
     }
 
 
+def differ_share(report: dict, drafter: str, reference: str) -> float:
+    """How often `drafter`'s greedy token differs from `reference`'s over every position."""
+    pairs = [
+        (a, b)
+        for mine, theirs in zip(
+            report["drafters"][drafter]["tokens"], report["drafters"][reference]["tokens"], strict=True
+        )
+        for a, b in zip(mine, theirs, strict=True)
+    ]
+    return sum(a != b for a, b in pairs) / len(pairs)
+
+
 def markdown(report: dict) -> str:
     config, machine = report["config"], report["machine"]
     gpu_names = [gpu["name"] for gpu in config["gpu_models"]]
-    costs = config["costs"]
+    first = config["drafters"][0]
+    costs = report["drafters"][first]["costs"]
     lines = [
-        f"Target {config['pair']}/target (cpu, float32), drafter FP8 weight-only; "
-        f"{len(report['prompts'])} prompts, up to {config['max_new_tokens']} new tokens each (greedy, to EOS); "
-        f"{machine.get('cpu', '?')}, {machine.get('cpu_cores', '?')} cores; {config['seconds'] / 60:.0f} min.",
+        f"Target {config['pair']}/target (cpu, float32), drafter {first}; {len(report['prompts'])} prompts, "
+        f"up to {config['max_new_tokens']} new tokens each (greedy, to EOS); {machine.get('cpu', '?')}, "
+        f"{machine.get('cpu_cores', '?')} cores; {config['seconds'] / 60:.0f} min in all.",
         "",
         "| workload | k | tokens/round | acceptance by position | CPU speedup, modelled | "
         + " | ".join(f"projected, {name}" for name in gpu_names)
@@ -166,6 +216,8 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---|" + "---|" * len(gpu_names),
     ]
     for row in report["results"]:
+        if row["drafter"] != first:
+            continue
         positions = " ".join(f"{p:.2f}" if p is not None else "-" for p in row["acceptance_by_position"][:8])
         more = " ..." if row["k"] > 8 else ""
         projected = " | ".join(f"{row['projected'][name]:.2f}" for name in gpu_names)
@@ -173,19 +225,47 @@ def markdown(report: dict) -> str:
             f"| {row['workload']} | {row['k']} | {row['tokens_per_round']:.2f} | {positions}{more} | "
             f"{row['cpu_modelled_speedup']:.2f} | {projected} |"
         )
+    alone = {r["workload"]: r["alone_tokens_per_s"] for r in report["results"]}
     lines += [
         "",
         f"CPU model: target step {costs['step_ms']:.0f} ms + {costs['per_token_ms']:.0f} ms per more token "
         f"verified; a draft call {costs['draft_base_ms']:.0f} ms + {costs['draft_step_ms']:.0f} ms a step "
-        "(the server's startup measure); the target alone "
-        + ", ".join(
-            f"{r['workload']} {r['alone_tokens_per_s']:.2f}"
-            for r in report["results"]
-            if r["k"] == config["k"][0]
-        )
+        "(the server's startup measure). The target alone: "
+        + ", ".join(f"{kind} {tokens_per_s:.2f}" for kind, tokens_per_s in alone.items())
         + " tokens/s.",
     ]
+    if len(config["drafters"]) > 1:
+        reference = "bf16" if "bf16" in config["drafters"] else first
+        lines += ["", "Drafters against each other, tokens per round (mean over workloads), and how often each"
+                  f" one's greedy token differs from {reference}'s:", "",
+                  "| drafter | " + " | ".join(f"k = {k}" for k in config["k"]) + f" | vs {reference} at k = 4 | "
+                  f"greedy token differs from {reference}'s |",
+                  "|---|" + "---|" * (len(config["k"]) + 2)]  # fmt: skip
+        by = {
+            (r["drafter"], r["k"]): [
+                x["tokens_per_round"]
+                for x in report["results"]
+                if (x["drafter"], x["k"]) == (r["drafter"], r["k"])
+            ]
+            for r in report["results"]
+        }
+        mean = {key: sum(values) / len(values) for key, values in by.items()}
+        for drafter in config["drafters"]:
+            ratio = mean[(drafter, 4)] / mean[(reference, 4)] if (drafter, 4) in mean else float("nan")
+            cells = " | ".join(f"{mean[(drafter, k)]:.3f}" for k in config["k"])
+            lines.append(
+                f"| {drafter} | {cells} | {ratio:.3f} | {100 * differ_share(report, drafter, reference):.1f}% |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def drafter_names(text: str) -> tuple[str, ...]:
+    names = tuple(text.split(","))
+    if unknown := [name for name in names if name not in PAIR_DRAFTERS]:
+        raise argparse.ArgumentTypeError(
+            f"unknown drafter {unknown[0]!r}; the pair's are {', '.join(PAIR_DRAFTERS)}"
+        )
+    return names
 
 
 def add_parser(commands) -> None:
@@ -198,6 +278,14 @@ def add_parser(commands) -> None:
         type=lambda text: tuple(int(k) for k in text.split(",")),
         default=KS,
         help="[1,2,3,4,6,8,12,16]",
+    )
+    parser.add_argument(
+        "--drafters",
+        type=drafter_names,
+        default=("weight-only",),
+        help="the pair's drafters, of "
+        + ", ".join(PAIR_DRAFTERS)
+        + ", each on the same target outputs [weight-only]",
     )
     parser.add_argument("--out", type=Path, help="write report.json and report.md here")
 

@@ -182,3 +182,9 @@ def test_rounds_on_a_fake_pair_equal_the_measured_loop(fake_realpair, tmp_path):
     assert exact.keys() == loop.keys() == set(KINDS)
     for kind in KINDS:  # up to a near-tie between a decode step's rounding and a prefill's
         assert exact[kind] == pytest.approx(loop[kind], rel=0.05), (kind, exact, loop)
+    gpu = measured["config"]["gpu_models"][0]["name"]
+    projected = {
+        r["workload"]: r["projected"][gpu] for r in report["results"] if r["drafter"] == "weight-only"
+    }
+    for row in measured["results"]:
+        assert projected[row["workload"]] == pytest.approx(row["projected_gpu"]["speedup"], rel=0.05)

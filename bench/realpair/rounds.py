@@ -104,7 +104,8 @@ def summarize(agreements: list[list[bool]], k: int, costs: dict, gpus) -> dict:
         + (costs["draft_base_ms"] + drafts * costs["draft_step_ms"] if drafts else 0.0)
         for drafts, _ in rounds
     )
-    called = [(drafts, kept, drafts > 0) for drafts, kept in rounds]
+    # As bench.harness.projection reads a round: its drafts, the tokens it added, whether it called us.
+    called = [(drafts, kept + 1, drafts > 0) for drafts, kept in rounds]
     return {
         "k": k,
         "rounds": len(rounds),

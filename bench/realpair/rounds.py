@@ -42,7 +42,7 @@ from bench.harness.decoding import (
 from bench.harness.gpu_floors import GPU_MODELS
 from bench.harness.machine import describe
 from bench.harness.projection import project
-from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, random_prompts
+from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
 from bench.realpair import benchmark as realpair
 from drafter.client import AsyncDraftClient, DraftClient
 
@@ -144,25 +144,52 @@ def drafter_tokens(model_dir: Path, cost_flags: list[str], rows: list[dict]) -> 
     return tokens, {"draft_base_ms": policy["draft_base_ms"], "draft_step_ms": policy["step_ms_at_startup"]}
 
 
+def earlier_outputs(args) -> tuple[list[dict], dict, float, float, dict]:
+    """An earlier report's target outputs, measured target costs and drafters (--outputs-from): more
+    drafters' rounds on the same outputs need no target at all, and are compared with the earlier ones."""
+    try:
+        earlier = json.loads(args.outputs_from.read_text())
+        costs = next(iter(earlier["drafters"].values()))["costs"]
+        args.max_new_tokens, args.quick = earlier["config"]["max_new_tokens"], earlier["config"]["quick"]
+        rows, generation = earlier["prompts"], earlier["config"]["generation"]
+        return rows, generation, costs["step_ms"], costs["per_token_ms"], earlier["drafters"]
+    except (OSError, ValueError, KeyError, StopIteration) as error:
+        raise BenchError(f"cannot take target outputs from {args.outputs_from}: {error!r}") from None
+
+
 def run(args) -> dict:
     directory = args.dir
     for drafter in args.drafters:
         realpair.check_fetched(directory, PAIR_DRAFTERS[drafter])
-    tokenizer = realpair.chat_tokenizer(directory / realpair.TARGET)
-    workloads = realpair.workload_entries(tokenizer, args.quick)
-    model = load_target(directory / realpair.TARGET, "cpu", "float32")
-    generation = realpair.plain_greedy(model, tokenizer)
-    [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     started = time.perf_counter()
-    cost_flags, step_ms, per_token_ms = target_cost_flags(model, warmup, args)
-    rows = target_outputs(model, workloads, args.max_new_tokens)
+    drafters = {}
+    if args.outputs_from:
+        rows, generation, step_ms, per_token_ms, drafters = earlier_outputs(args)
+        cost_flags = [
+            "--target-verify-ms",
+            f"{step_ms:.3f}",
+            "--target-verify-ms-per-token",
+            f"{per_token_ms:.3f}",
+        ]
+    else:
+        tokenizer = realpair.chat_tokenizer(directory / realpair.TARGET)
+        workloads = realpair.workload_entries(tokenizer, args.quick)
+        model = load_target(directory / realpair.TARGET, "cpu", "float32")
+        generation = realpair.plain_greedy(model, tokenizer)
+        vocab_size = model.config.vocab_size
+        [warmup] = random_prompts(vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+        cost_flags, step_ms, per_token_ms = target_cost_flags(model, warmup, args)
+        rows = target_outputs(model, workloads, args.max_new_tokens)
+    kinds = list(dict.fromkeys(row["kind"] for row in rows))
     gpus = [GPU_MODELS[name] for name in realpair.GPU_MODELS]
-    results, drafters = [], {}
     for drafter in args.drafters:
         tokens, draft_costs = drafter_tokens(directory / PAIR_DRAFTERS[drafter], cost_flags, rows)
         costs = dict(step_ms=step_ms, per_token_ms=per_token_ms, **draft_costs)
         drafters[drafter] = {"costs": costs, "tokens": tokens}
-        for kind in workloads:
+    results = []
+    for drafter, measured in drafters.items():
+        tokens, costs = measured["tokens"], measured["costs"]
+        for kind in kinds:
             mine = [(row, drafted) for row, drafted in zip(rows, tokens, strict=True) if row["kind"] == kind]
             agreements = [
                 [d == t for d, t in zip(drafted, row["output"], strict=True)] for row, drafted in mine
@@ -180,7 +207,7 @@ def run(args) -> dict:
             "quick": args.quick,
             "max_new_tokens": args.max_new_tokens,
             "k": list(args.k),
-            "drafters": list(args.drafters),
+            "drafters": list(drafters),
             "generation": generation,
             "gpu_models": [gpu.as_dict() for gpu in gpus],
             "seconds": time.perf_counter() - started,
@@ -287,6 +314,12 @@ def add_parser(commands) -> None:
         help="the pair's drafters, of "
         + ", ".join(PAIR_DRAFTERS)
         + ", each on the same target outputs [weight-only]",
+    )
+    parser.add_argument(
+        "--outputs-from",
+        type=Path,
+        metavar="REPORT",
+        help="take the target's outputs and costs from an earlier run's report.json (no target decoding)",
     )
     parser.add_argument("--out", type=Path, help="write report.json and report.md here")
 

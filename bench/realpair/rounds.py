@@ -144,6 +144,26 @@ def drafter_tokens(model_dir: Path, cost_flags: list[str], rows: list[dict]) -> 
     return tokens, {"draft_base_ms": policy["draft_base_ms"], "draft_step_ms": policy["step_ms_at_startup"]}
 
 
+def decode_with_target(args) -> tuple[list[dict], dict, list[str], float, float]:
+    """The target's outputs, its generation settings and measured costs; the target (6 GB in float32) is
+    freed on return, before any drafter server starts beside it."""
+    directory = args.dir
+    tokenizer = realpair.chat_tokenizer(directory / realpair.TARGET)
+    workloads = realpair.workload_entries(tokenizer, args.quick)
+    model = load_target(directory / realpair.TARGET, "cpu", "float32")
+    generation = realpair.plain_greedy(model, tokenizer)
+    vocab_size = model.config.vocab_size
+    [warmup] = random_prompts(vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+    cost_flags, step_ms, per_token_ms = target_cost_flags(model, warmup, args)
+    return (
+        target_outputs(model, workloads, args.max_new_tokens),
+        generation,
+        cost_flags,
+        step_ms,
+        per_token_ms,
+    )
+
+
 def earlier_outputs(args) -> tuple[list[dict], dict, float, float, dict]:
     """An earlier report's target outputs, measured target costs and drafters (--outputs-from): more
     drafters' rounds on the same outputs need no target at all, and are compared with the earlier ones."""
@@ -172,14 +192,7 @@ def run(args) -> dict:
             f"{per_token_ms:.3f}",
         ]
     else:
-        tokenizer = realpair.chat_tokenizer(directory / realpair.TARGET)
-        workloads = realpair.workload_entries(tokenizer, args.quick)
-        model = load_target(directory / realpair.TARGET, "cpu", "float32")
-        generation = realpair.plain_greedy(model, tokenizer)
-        vocab_size = model.config.vocab_size
-        [warmup] = random_prompts(vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
-        cost_flags, step_ms, per_token_ms = target_cost_flags(model, warmup, args)
-        rows = target_outputs(model, workloads, args.max_new_tokens)
+        rows, generation, cost_flags, step_ms, per_token_ms = decode_with_target(args)
     kinds = list(dict.fromkeys(row["kind"] for row in rows))
     gpus = [GPU_MODELS[name] for name in realpair.GPU_MODELS]
     for drafter in args.drafters:

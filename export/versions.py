@@ -66,3 +66,17 @@ def write_version(directory: str | Path, tensors: dict[str, torch.Tensor], confi
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
     return directory
+
+
+def dense_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A version's tensors as transformers' unquantized fp32 state: each fp8 weight times its scale, exactly
+    as the engine and compressed-tensors dequantize it (what the trainer starts from and the scorer runs)."""
+    from engine.model.fp8 import dequantize
+
+    state = {}
+    for name, tensor in tensors.items():
+        if name.endswith(".weight_scale"):
+            continue
+        scale = tensors.get(name + "_scale")
+        state[name] = tensor.float() if scale is None else dequantize(tensor, scale, torch.float32)
+    return state

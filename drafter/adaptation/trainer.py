@@ -1,0 +1,89 @@
+"""The trainer: master weights and optimizer state, apart from the served weights, fine-tuned to predict what
+targets emitted.
+
+The master model is transformers' own `Qwen3ForCausalLM` / `Qwen2ForCausalLM` in fp32 (the oracle's model:
+its weights need no translation into a checkpoint), started from the served version's weights as served
+(an FP8 version's dequantized: the bf16 weights an export came from are not at hand). All its weights train
+(full fine-tuning with AdamW; low-rank adapters would keep less optimizer state, see docs/adaptation.md).
+A step is one example's window of at most `max_step_tokens` ids with its target tokens' cross-entropy, so
+its time is bounded: the trainer runs between requests and a request waits for at most one step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from drafter.adaptation.buffer import Example
+
+
+def hf_model(hf_config: dict, state: dict[str, torch.Tensor], device="cpu"):
+    """transformers' model of this config holding `state` (HF names, fp32), in fp32 on `device`."""
+    import transformers
+
+    from engine.model.config import ARCHITECTURES
+
+    family = hf_config["model_type"]
+    config_class = getattr(transformers, f"{ARCHITECTURES[family].removesuffix('ForCausalLM')}Config")
+    fields = {k: v for k, v in hf_config.items() if k not in ("quantization_config", "architectures")}
+    config = config_class(**fields)
+    model = getattr(transformers, ARCHITECTURES[family])(config).to(device=device, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+class Trainer:
+    def __init__(
+        self,
+        hf_config: dict,
+        state: dict[str, torch.Tensor],
+        learning_rate: float,
+        max_step_tokens: int,
+        seed: int = 0,
+        device="cpu",
+    ):
+        self.hf_config, self.device = hf_config, device
+        self.learning_rate, self.max_step_tokens = learning_rate, max_step_tokens
+        self.rng = random.Random(seed)
+        self.reset(state)
+
+    def reset(self, state: dict[str, torch.Tensor]) -> None:
+        """Start again from `state` (a version rolled back to), with fresh optimizer state."""
+        self.model = hf_model(self.hf_config, state, self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.learning_rate, weight_decay=0.0)
+
+    def window(self, example: Example) -> tuple[list[int], int]:
+        """A random window of `example`: (ids, how many of them lead the first target scored), at most
+        `max_step_tokens` ids, at least one target token, and context before every target it scores."""
+        tokens = example.tokens[:]  # the buffer may append to it on the event loop meanwhile
+        end = self.rng.randint(example.num_context + 1, len(tokens))
+        start = max(0, end - self.max_step_tokens)
+        return tokens[start:end], max(example.num_context - start, 1)
+
+    def step(self, examples: Sequence[Example]) -> float:
+        """One optimizer step on a window of a random example; its loss."""
+        ids, num_context = self.window(self.rng.choice(examples))
+        ids = torch.tensor([ids], device=self.device)
+        self.model.train()
+        logits = self.model(ids[:, :-1]).logits[0, num_context - 1 :].float()
+        loss = F.cross_entropy(logits, ids[0, num_context:])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.model.eval()
+        return loss.item()
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The master weights now (copies: training goes on)."""
+        return {
+            name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()
+        }

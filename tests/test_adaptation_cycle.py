@@ -1,0 +1,138 @@
+"""The adaptation cycle (drafter/adaptation/cycle.py) on a real engine: a drafter fine-tuned on what a target
+emitted is swapped in only when it scores better on held-out traffic, then drafts exactly what transformers
+drafts on the saved version; a candidate no better is never swapped in; a rollback restores the previous
+version's drafts exactly; and a waiting request stops the work between two steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafter.adaptation.buffer import TrafficBuffer
+from drafter.adaptation.cycle import Cycle, CycleSettings
+from drafter.adaptation.weights import source_hf_config, source_tensors
+from engine.config import EngineConfig
+from engine.engine import Engine
+from export.versions import version_config, write_version
+from tests.oracle import hf_greedy, make_hf_model
+
+CONFIG = EngineConfig(max_seq_len=256, max_batch_size=2, max_draft_tokens=8, dtype="float32")
+K = 4
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(target, drafter directory, drafter): the drafter is the target with every weight moved by noise;
+    it agrees with the target on about a fifth of its tokens (teacher-forced, on the traffic below)."""
+    target = make_hf_model("gqa2-untied", seed=0)
+    drafter = make_hf_model("gqa2-untied", seed=0)
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for parameter in drafter.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * 0.15)
+    directory = tmp_path_factory.mktemp("drafter")
+    drafter.save_pretrained(directory)
+    return target, directory, drafter
+
+
+def traffic(target, num_sessions: int = 24, length: int = 48) -> TrafficBuffer:
+    """What the target emits for a few prompts many conversations share, fed as rounds of k = 4."""
+    buffer = TrafficBuffer(max_tokens=100_000, context_window=16, held_out_every=4)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (20,), generator=generator).tolist() for _ in range(3)]
+    outputs = [hf_greedy(target, prompt, length) for prompt in prompts]
+    for session in range(num_sessions):
+        prompt, output = prompts[session % 3], outputs[session % 3]
+        context = prompt + output
+        for start in range(0, length, K):  # each round: K - 1 kept drafts and the target's own token
+            buffer.add(f"s{session}", torch.tensor(context).numpy(), len(prompt) + start, K - 1, K)
+    return buffer
+
+
+def cycle_for(engine: Engine, buffer: TrafficBuffer, **settings) -> Cycle:
+    loaded = engine.loaded
+    return Cycle(
+        CycleSettings(**settings),
+        buffer,
+        source_hf_config(loaded),
+        source_tensors(loaded, torch.float32),
+        loaded.quantization,
+        torch.float32,
+        engine.swap_weights,
+    )
+
+
+def run_until_decided(cycle: Cycle, limit: int = 50) -> str:
+    for _ in range(limit):
+        decision = cycle.work(lambda: False)
+        if decision is not None:
+            return decision
+    raise AssertionError("no decision")
+
+
+def oracle(directory):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(pair, tmp_path, one_thread):
+    target, directory, drafter = pair
+    engine = Engine.load(str(directory), CONFIG)
+    buffer = traffic(target)
+    cycle = cycle_for(engine, buffer, steps_per_candidate=40, learning_rate=1e-3, step_tokens=64)
+    assert cycle.has_work()
+    assert run_until_decided(cycle) == "swapped"
+    described = cycle.describe()
+    assert described["version"] == 1 and described["swaps"] == 1 and engine.weights_version == 1
+    scores = described["last_candidate"]
+    assert scores["candidate"]["tokens_per_round"] > scores["live"]["tokens_per_round"] * 1.02
+
+    write_version(
+        tmp_path / "v1",
+        cycle.live.tensors,
+        version_config(source_hf_config(engine.loaded), "none", torch.float32),
+    )
+    version_1 = oracle(tmp_path / "v1")
+    generator = torch.Generator().manual_seed(9)
+    contexts = [torch.randint(0, 512, (n,), generator=generator).tolist() for n in (6, 30)]
+    contexts.append(buffer.held_out[0].tokens[:30])  # traffic it was scored on: it learned the target here
+    assert [engine.draft(c, K) for c in contexts] == [hf_greedy(version_1, c, K) for c in contexts]
+    assert [engine.draft(c, K) for c in contexts] != [hf_greedy(drafter, c, K) for c in contexts]
+
+    # Rollback: live acceptance of version 1 falls short of version 0's: version 0 again, exactly.
+    for _ in range(64):
+        cycle.observe(0, 3, K)  # the rounds version 0 drafted: 4 tokens each
+        cycle.observe(1, 1, K)  # version 1's: 2 tokens each
+    assert cycle.rollback_due and cycle.work(lambda: True) == "rolled back"
+    assert cycle.describe()["version"] == 0 and cycle.describe()["rollbacks"] == 1
+    assert [engine.draft(c, K) for c in contexts] == [hf_greedy(drafter, c, K) for c in contexts]
+
+
+def test_a_candidate_no_better_is_never_swapped_in(pair, one_thread):
+    target, directory, drafter = pair
+    engine = Engine.load(str(directory), CONFIG)
+    prompt = list(range(40))
+    before = engine.draft(prompt, K)
+    cycle = cycle_for(engine, traffic(target), steps_per_candidate=4, learning_rate=0.0)  # the live weights
+    assert run_until_decided(cycle) == "rejected"
+    last = cycle.describe()["last_candidate"]
+    assert last["candidate"] == last["live"] and last["swapped"] is False
+    cycle = cycle_for(engine, traffic(target), steps_per_candidate=4, learning_rate=3.0)  # wrecked weights
+    assert run_until_decided(cycle) == "rejected"
+    assert engine.weights_version == 0 and engine.draft(prompt, K) == before == hf_greedy(drafter, prompt, K)
+
+
+def test_work_stops_between_steps_when_a_request_waits(pair, one_thread):
+    target, directory, _ = pair
+    engine = Engine.load(str(directory), CONFIG)
+    cycle = cycle_for(engine, traffic(target), steps_per_candidate=8)
+    asked = []
+
+    def stop_after_three() -> bool:
+        asked.append(1)
+        return len(asked) > 3
+
+    assert cycle.work(stop_after_three) is None
+    assert cycle.counters.training_steps == 3 and engine.weights_version == 0
+    assert cycle.work(lambda: True) is None and cycle.counters.training_steps == 3

@@ -31,7 +31,7 @@ from engine.model.qwen3 import rope_table
 from engine.prefill import PrefillRow, contiguous, prefill
 from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
-from engine.swap import load_in_place
+from engine.swap import check_weights, copy_in_place
 from engine.tiers import decode_steps
 from engine.warmup import Warmup
 
@@ -110,12 +110,14 @@ class Engine(Warmup, DraftingAhead):
         old weights, so all are dropped, with queued branch adoptions (they name the old table's
         sequences). Call between batches on the thread that drafts. Returns the new weights version."""
         began = time.perf_counter()
-        load_in_place(self.loaded, tensors, DTYPES[self.config.dtype], self.device)
+        checked = check_weights(self.loaded, tensors, DTYPES[self.config.dtype], self.device)
+        # Raised before the copy: a drafted-ahead answer read meanwhile on the event loop is then stale.
+        self.weights_version += 1
+        copy_in_place(self.loaded, checked, DTYPES[self.config.dtype])
         self.branch_ops.queue.clear()
         self.reset_cache()
         self.count_branch_pages()
         self.sync()
-        self.weights_version += 1
         self.swap_ms = (time.perf_counter() - began) * 1e3
         log.info("weights version %d swapped in (%.1f ms)", self.weights_version, self.swap_ms)
         return self.weights_version
@@ -244,6 +246,7 @@ class Engine(Warmup, DraftingAhead):
                 shared=placement.shared,
                 num_steps=num_steps,
                 choices=choice[: request.num_draft_tokens + 1],
+                weights_version=self.weights_version,
             )
             for request, context, placement, draft, prob, choice in zip(
                 requests, contexts, placements, drafts, probs, tops, strict=True

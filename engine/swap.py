@@ -22,15 +22,23 @@ from engine.model.fp8 import dequantize
 from engine.model.loader import LoadedModel, build_empty, check_and_cast
 
 
-def load_in_place(loaded: LoadedModel, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device) -> None:
-    """Copy a checkpoint's `tensors` (the served layout) into `loaded.model`'s live weights, or raise
-    LoadError, having written nothing, if they do not fit the model (names, shapes, fp8 dtypes)."""
+def check_weights(
+    loaded: LoadedModel, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device
+) -> dict[str, dict[str, torch.Tensor]]:
+    """A checkpoint's `tensors` (the served layout) cast as the model holds them, by module; or LoadError if
+    they do not fit the model (names, shapes, fp8 dtypes). Nothing is written."""
     expected = build_empty(loaded.config, loaded.quantization)  # on the meta device: shapes and dtypes only
-    cast = check_and_cast(expected, dict(tensors), dtype, device)
     by_module: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
-    for name, tensor in cast.items():
+    for name, tensor in check_and_cast(expected, dict(tensors), dtype, device).items():
         module, attribute = name.rsplit(".", 1)
         by_module[module][attribute] = tensor
+    return by_module
+
+
+def copy_in_place(
+    loaded: LoadedModel, by_module: dict[str, dict[str, torch.Tensor]], dtype: torch.dtype
+) -> None:
+    """Copy checked tensors (`check_weights`) into `loaded.model`'s live weights."""
     model = loaded.model
     with torch.no_grad():
         for module, values in by_module.items():

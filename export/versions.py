@@ -16,8 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from export.checkpoint import quantization_config, staged_directory
-from export.quantize import LINEAR_NAMES, quantize_weight
+from engine.model.fp8 import LINEAR_NAMES, dequantize
+
+# export.checkpoint and export.quantize import torchao (0.7 s): only when a version is quantized or written,
+# so a server that imports this (drafter/server/adapt_work.py) starts as fast without --adapt.
 
 EXPORT_MODES = {"fp8-weight-only": "weight-only", "fp8-dynamic": "dynamic"}  # served mode -> export mode
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -32,6 +34,9 @@ def served_tensors(
     served dtype, `tied` whether lm_head is the embedding (then it is not stored)."""
     if quantization != "none" and quantization not in EXPORT_MODES:
         raise ValueError(f"unknown quantization {quantization!r}")
+    if quantization != "none":
+        from export.quantize import quantize_weight
+
     tensors = {}
     for name, tensor in state.items():
         if tied and name == "lm_head.weight":
@@ -49,6 +54,8 @@ def served_tensors(
 def version_config(hf_config: dict, quantization: str, dtype: torch.dtype) -> dict:
     """The config.json of a version: the served model's HF config, with the served mode's
     quantization_config (none when unquantized) and the dtype its unquantized tensors are stored in."""
+    from export.checkpoint import quantization_config
+
     config = {key: value for key, value in hf_config.items() if key != "quantization_config"}
     stored = dtype if quantization == "none" else torch.bfloat16
     for key in [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]:
@@ -61,6 +68,8 @@ def version_config(hf_config: dict, quantization: str, dtype: torch.dtype) -> di
 def write_version(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
     """Write a version's checkpoint (config.json, model.safetensors) into `directory`, replacing one there:
     staged beside it and renamed into place, so a reader never sees half of one."""
+    from export.checkpoint import staged_directory
+
     directory = Path(directory)
     with staged_directory(directory, force=True) as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -71,8 +80,6 @@ def write_version(directory: str | Path, tensors: dict[str, torch.Tensor], confi
 def dense_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A version's tensors as transformers' unquantized fp32 state: each fp8 weight times its scale, exactly
     as the engine and compressed-tensors dequantize it (what the trainer starts from and the scorer runs)."""
-    from engine.model.fp8 import dequantize
-
     state = {}
     for name, tensor in tensors.items():
         if name.endswith(".weight_scale"):

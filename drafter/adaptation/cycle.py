@@ -34,7 +34,7 @@ class CycleSettings:
     steps_per_candidate: int = 16  # optimizer steps between two candidates
     step_tokens: int = 128  # ids in one step's window: bounds how long a request may wait for a step
     learning_rate: float = 1e-4
-    min_train_tokens: int = 64  # target tokens buffered for training before the first step
+    min_train_tokens: int = 64  # new target tokens buffered since the last round before a round starts
     min_rounds: int = 16  # held-out rounds a candidate must be scored on
     margin: float = 0.02  # a candidate's tokens per round must beat the live weights' by this fraction
     rollback_rounds: int = 64  # live rounds of a new version before it is judged, and of the one before
@@ -87,6 +87,7 @@ class Cycle:
         self.by_weights_version = {0: 0}  # the engine's weights_version (+1 a swap) -> our version number
         self.rollback_due = False
         self.phase, self.steps = TRAIN, 0
+        self.tokens_at_round = 0  # the buffer's target tokens seen when the current round started
         self.candidate: Version | None = None
         self.pending: list[tuple[str, Example]] = []  # (side, held-out example) still to score, last first
         self.totals: dict[str, list[int]] = {}  # "candidate"/"live" -> [tokens, rounds, positions, agreed]
@@ -113,8 +114,12 @@ class Cycle:
         return now[0] / now[1] < (before[0] / before[1]) * (1 - self.settings.rollback_margin)
 
     def has_work(self) -> bool:
-        targets = sum(e.num_targets for e in tuple(self.buffer.training))
-        return self.rollback_due or (targets >= self.settings.min_train_tokens and bool(self.buffer.held_out))
+        """A rollback is due, a round is under way, or enough new target tokens came in to start one
+        (cheap: asked on every verified call)."""
+        if self.rollback_due or self.phase == SCORE or self.steps:
+            return True
+        new = self.buffer.counters.target_tokens - self.tokens_at_round
+        return new >= self.settings.min_train_tokens and bool(self.buffer.training and self.buffer.held_out)
 
     # -- on the engine thread -------------------------------------------------------------------------
 
@@ -127,6 +132,8 @@ class Cycle:
                 examples = tuple(self.buffer.training)
                 if not examples:
                     return None
+                if not self.steps:
+                    self.tokens_at_round = self.buffer.counters.target_tokens
                 began = time.perf_counter()
                 self.counters.last_loss = self.trainer.step(examples)
                 self.counters.training_steps += 1
@@ -225,6 +232,7 @@ class Cycle:
             "scoring_seconds": round(c.scoring_s, 3),
             "last_loss": None if c.last_loss is None else round(c.last_loss, 4),
             "last_candidate": c.last_candidate,
+            "round": {"phase": self.phase, "steps": self.steps, "busy": self.has_work()},
             "live_tokens_per_round": {str(v): round(t / r, 4) for v, (t, r) in self.live_rounds.items() if r},
             "buffer": self.buffer.describe(),
         }

@@ -20,19 +20,43 @@ CONFIG = EngineConfig(max_seq_len=256, max_batch_size=2, max_draft_tokens=8, dty
 K = 4
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """(target, drafter directory, drafter): the drafter is the target with every weight moved by noise;
-    it agrees with the target on about a fifth of its tokens (teacher-forced, on the traffic below)."""
-    target = make_hf_model("gqa2-untied", seed=0)
-    drafter = make_hf_model("gqa2-untied", seed=0)
+def perturbed_copy(name: str):
+    """The target `name` with every weight moved by noise; it agrees with the target on about a fifth of
+    its tokens (teacher-forced, on the traffic below)."""
+    drafter = make_hf_model(name, seed=0)
     generator = torch.Generator().manual_seed(11)
     with torch.no_grad():
         for parameter in drafter.parameters():
             parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * 0.15)
-    directory = tmp_path_factory.mktemp("drafter")
-    drafter.save_pretrained(directory)
-    return target, directory, drafter
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """(name, export mode or None) -> (target, directory the drafter is served from, the drafter as
+    transformers runs it: for an FP8 export, compressed-tensors' own decompression of it)."""
+    made = {}
+
+    def get(name: str = "gqa2-untied", mode: str | None = None):
+        if (name, mode) not in made:
+            drafter = perturbed_copy(name)
+            directory = tmp_path_factory.mktemp("drafter")
+            drafter.save_pretrained(directory)
+            if mode is not None:
+                from export.__main__ import run_export
+
+                run_export(str(directory), directory.parent / f"{directory.name}-{mode}", mode)
+                directory = directory.parent / f"{directory.name}-{mode}"
+                drafter = oracle(directory, quantized=True)
+            made[name, mode] = (make_hf_model(name, seed=0), directory, drafter)
+        return made[name, mode]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs()
 
 
 def traffic(target, num_sessions: int = 24, length: int = 48) -> TrafficBuffer:
@@ -70,15 +94,25 @@ def run_until_decided(cycle: Cycle, limit: int = 50) -> str:
     raise AssertionError("no decision")
 
 
-def oracle(directory):
-    from transformers import AutoModelForCausalLM
+def oracle(directory, quantized: bool = False):
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    options = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if quantized else {}
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **options).eval()
 
 
-def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(pair, tmp_path, one_thread):
-    target, directory, drafter = pair
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
+@pytest.mark.parametrize(
+    ("name", "mode"), [("gqa2-untied", None), ("qwen2-gqa2-tied", None), ("gqa2-untied", "weight-only")]
+)
+def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
+    name, mode, pairs, tmp_path, one_thread
+):
+    """Qwen3 and Qwen2 (biases), unquantized and FP8 weight-only (the candidate quantized by the export's
+    code, the saved version read back by compressed-tensors)."""
+    target, directory, drafter = pairs(name, mode)
     engine = Engine.load(str(directory), CONFIG)
+    quantization = engine.loaded.quantization
     buffer = traffic(target)
     cycle = cycle_for(engine, buffer, steps_per_candidate=40, learning_rate=1e-3, step_tokens=64)
     assert cycle.has_work()
@@ -91,9 +125,9 @@ def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(pair, 
     write_version(
         tmp_path / "v1",
         cycle.live.tensors,
-        version_config(source_hf_config(engine.loaded), "none", torch.float32),
+        version_config(source_hf_config(engine.loaded), quantization, torch.float32),
     )
-    version_1 = oracle(tmp_path / "v1")
+    version_1 = oracle(tmp_path / "v1", quantized=mode is not None)
     generator = torch.Generator().manual_seed(9)
     contexts = [torch.randint(0, 512, (n,), generator=generator).tolist() for n in (6, 30)]
     contexts.append(buffer.held_out[0].tokens[:30])  # traffic it was scored on: it learned the target here

@@ -34,6 +34,7 @@ class CycleSettings:
     steps_per_candidate: int = 16  # optimizer steps between two candidates
     step_tokens: int = 128  # ids in one step's window: bounds how long a request may wait for a step
     learning_rate: float = 1e-4
+    adapter_rank: int = 0  # 0: every decoder weight trains; else low-rank adapters (docs/adaptation.md)
     min_train_tokens: int = 64  # new target tokens buffered since the last round before a round starts
     min_rounds: int = 16  # held-out rounds a candidate must be scored on
     margin: float = 0.02  # a candidate's tokens per round must beat the live weights' by this fraction
@@ -78,7 +79,12 @@ class Cycle:
         self.previous: Version | None = None  # the version before the live one, for a rollback
         self.next_number = 1
         self.trainer = Trainer(
-            hf_config, dense_state(live_tensors), settings.learning_rate, settings.step_tokens, device=device
+            hf_config,
+            dense_state(live_tensors),
+            settings.learning_rate,
+            settings.step_tokens,
+            device=device,
+            adapter_rank=settings.adapter_rank,
         )
         self.scorer = hf_model(hf_config, dense_state(live_tensors), device)  # holds the version it scores
         self.scorer_holds: Version | None = None  # the version whose weights `scorer` holds

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from drafter.adaptation.buffer import Example
+from drafter.adaptation.lora import add_adapters, merged_state
 
 
 def hf_model(hf_config: dict, state: dict[str, torch.Tensor], device="cpu"):
@@ -49,8 +50,9 @@ class Trainer:
         max_step_tokens: int,
         seed: int = 0,
         device="cpu",
+        adapter_rank: int = 0,  # 0: all decoder weights train; else low-rank adapters (lora.py) of this rank
     ):
-        self.hf_config, self.device = hf_config, device
+        self.hf_config, self.device, self.adapter_rank = hf_config, device, adapter_rank
         self.learning_rate, self.max_step_tokens = learning_rate, max_step_tokens
         self.rng = random.Random(seed)
         self.reset(state)
@@ -58,6 +60,10 @@ class Trainer:
     def reset(self, state: dict[str, torch.Tensor]) -> None:
         """Start again from `state` (a version rolled back to), with fresh optimizer state."""
         self.model = hf_model(self.hf_config, state, self.device)
+        if self.adapter_rank:
+            trained = add_adapters(self.model, self.adapter_rank, alpha=2.0 * self.adapter_rank)
+            self.optimizer = torch.optim.AdamW(trained, lr=self.learning_rate, weight_decay=0.0)
+            return
         # The embedding (and an untied lm_head) stay as they are: on a 151936-token vocabulary they are most
         # of the parameters, and their gradients and AdamW moments most of a step's time (measured below).
         self.model.get_input_embeddings().requires_grad_(False)
@@ -88,7 +94,9 @@ class Trainer:
         return loss.item()
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The master weights now (copies: training goes on)."""
+        """The master weights now, adapters merged (copies: training goes on)."""
+        if self.adapter_rank:
+            return merged_state(self.model)
         return {
             name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()
         }

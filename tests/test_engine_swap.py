@@ -182,3 +182,35 @@ def test_swap_equals_loading_the_saved_version(dtype, mode, hf_checkpoint, tmp_p
     assert fresh.loaded.quantization == loaded.quantization
     results = [engine.draft_batch([r])[0] for r in _requests(prompts)]
     assert [r.tokens for r in results] == [fresh.draft(c, 8) for c in prompts]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "weight-only"])
+def test_cuda_graphs_stay_valid_across_a_swap(mode, hf_checkpoint, tmp_path):
+    """On CUDA with torch.compile and captured graphs: the swap copies into the tensors the graphs read, so
+    the same graphs (not recaptured, nothing recompiled) draft what an eager engine loaded from the saved
+    version drafts."""
+    from export.__main__ import run_export
+
+    model, directory = hf_checkpoint("qwen2-gqa2-tied")
+    if mode is not None:
+        run_export(str(directory), tmp_path / "export", mode)
+        directory = tmp_path / "export"
+    config = dict(device="cuda", dtype="float32", max_seq_len=512, max_batch_size=2, max_draft_tokens=8)
+    config |= dict(batch_buckets=(1, 2), min_kv_bucket=256)
+    graphed = Engine.load(str(directory), EngineConfig(**config, compile=True, cuda_graphs=True))
+    report = graphed.warmup()
+    assert graphed.graphs is not None, report
+    graphs, prompts = graphed.graphs, contexts(model.config.vocab_size)
+    for i, c in enumerate(prompts):
+        graphed.draft(c, 8, session=f"s{i}")
+    loaded = graphed.loaded
+    tensors = served_tensors(perturbed(model), loaded.quantization, torch.float32, tied=True)
+    graphed.swap_weights(tensors)
+    write_version(
+        tmp_path / "v1", tensors, version_config(model.config.to_dict(), loaded.quantization, torch.float32)
+    )
+    eager = Engine.load(str(tmp_path / "v1"), EngineConfig(**config))
+    results = [graphed.draft_batch([r])[0] for r in _requests(prompts)]
+    assert [r.tokens for r in results] == [eager.draft(c, 8) for c in prompts]
+    assert graphed.graphs is graphs and graphed.recompiles.count == 0

@@ -157,16 +157,32 @@ def test_a_candidate_no_better_is_never_swapped_in(pair, one_thread):
     assert engine.weights_version == 0 and engine.draft(prompt, K) == before == hf_greedy(drafter, prompt, K)
 
 
-def test_work_stops_between_steps_when_a_request_waits(pair, one_thread):
+def test_work_stops_for_a_request_between_steps_and_inside_one(pair, one_thread):
     target, directory, _ = pair
     engine = Engine.load(str(directory), CONFIG)
     cycle = cycle_for(engine, traffic(target), steps_per_candidate=8)
+    assert cycle.work(lambda: True) is None and cycle.counters.training_steps == 0
+    assert cycle.work(lambda: cycle.counters.training_steps >= 3) is None
+    assert cycle.counters.training_steps == 3 and engine.weights_version == 0
+
+    # A request arriving inside a step, before its second decoder layer's forward, then before its first
+    # chunk of logits: the step is dropped and no weight moves.
+    before = cycle.trainer.state()
+    num_layers = len(cycle.trainer.model.model.layers)
+    for cut_at in (3, num_layers + 2):  # stop() is asked by the loop, then before each layer's forward,
+        stop, asked = stopping_at(cut_at)  # each chunk of logits and each layer's backward
+        assert cycle.work(stop) is None and len(asked) == cut_at
+        assert cycle.counters.training_steps == 3
+        assert all(torch.equal(before[name], tensor) for name, tensor in cycle.trainer.state().items())
+    assert cycle.work(lambda: cycle.counters.training_steps >= 4) is None  # and it goes on from there
+
+
+def stopping_at(num_calls: int):
+    """A stop() that turns true at its `num_calls`-th call, and the list of its calls."""
     asked = []
 
-    def stop_after_three() -> bool:
+    def stop() -> bool:
         asked.append(1)
-        return len(asked) > 3
+        return len(asked) >= num_calls
 
-    assert cycle.work(stop_after_three) is None
-    assert cycle.counters.training_steps == 3 and engine.weights_version == 0
-    assert cycle.work(lambda: True) is None and cycle.counters.training_steps == 3
+    return stop, asked

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from drafter.adaptation.buffer import Example
-from drafter.adaptation.score import hf_logits, replay, score
+from drafter.adaptation.score import replay, score
 from tests.oracle import hf_greedy, make_hf_model
 
 
@@ -57,7 +57,7 @@ def test_score_equals_drafting_round_by_round(name, one_thread):
         prompt = torch.randint(0, model.config.vocab_size, (12,), generator=generator).tolist()
         examples.append(Example("s", prompt + partly_greedy(model, prompt, length, generator), 12, k, False))
     expected = [greedy_rounds(model, example) for example in examples]
-    scored = score(hf_logits(model), examples)
+    scored = score(model, examples)
     assert (scored.tokens, scored.rounds) == tuple(map(sum, zip(*expected, strict=True)))
     assert 1.5 < scored.tokens_per_round < 5  # the examples have runs of agreement: the test means something
     assert scored.positions == 20 + 40 + 33 + 50

@@ -5,7 +5,8 @@ again under its own number.
 
 `work(stop)` runs on the engine thread as background work (the server's drafter/server/adapt_work.py posts
 it only on an idle engine): it advances the cycle a step at a time (one optimizer step, or one example
-scored) and returns as soon as `stop()` says a request is waiting, keeping its place. The swap itself runs
+scored) and returns as soon as `stop()` says a request is waiting, keeping its place (a step or an example
+under way is cut short between two decoder layers, drafter/adaptation/preempt.py). The swap itself runs
 there too, between two engine batches, through `swap` (`Engine.swap_weights`). Everything a reader on the
 event loop sees (`describe`, the counters) is replaced by whole values or plain integers.
 """
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from drafter.adaptation.buffer import Example, TrafficBuffer
-from drafter.adaptation.score import Score, agreement, hf_logits, replay
+from drafter.adaptation.preempt import Preempted, preemptible
+from drafter.adaptation.score import Score, agreement, replay
 from drafter.adaptation.trainer import Trainer, hf_model
 from export.versions import dense_state, served_tensors
 
@@ -141,14 +143,17 @@ class Cycle:
                 if not self.steps:
                     self.tokens_at_round = self.buffer.counters.target_tokens
                 began = time.perf_counter()
-                self.counters.last_loss = self.trainer.step(examples)
-                self.counters.training_steps += 1
+                loss = self.trainer.step(examples, stop)
                 self.counters.training_s += time.perf_counter() - began
+                if loss is None:  # cut short for a request: dropped, not counted
+                    return None
+                self.counters.last_loss = loss
+                self.counters.training_steps += 1
                 self.steps += 1
                 if self.steps >= self.settings.steps_per_candidate:
                     self.start_scoring()
             elif self.pending:
-                self.score_next()
+                self.score_next(stop)
             else:
                 return self.decide()
         return None
@@ -168,18 +173,24 @@ class Cycle:
         self.totals = {"candidate": [0, 0, 0, 0], "live": [0, 0, 0, 0]}
         self.phase = SCORE
 
-    def score_next(self) -> None:
+    def score_next(self, stop: Callable[[], bool]) -> None:
         """Score the next held-out example with one side (the candidate's examples first, then the live's:
-        the scorer loads each version once a round)."""
+        the scorer loads each version once a round); left for later if `stop()` turns true meanwhile."""
         began = time.perf_counter()
-        side, example = self.pending.pop()
+        side, example = self.pending[-1]
         self.load_scorer(self.candidate if side == "candidate" else self.live)
-        agree = agreement(hf_logits(self.scorer), example)
+        try:
+            with preemptible(self.scorer, stop):
+                agree = agreement(self.scorer, example, stop)
+        except Preempted:
+            return
+        finally:
+            self.counters.scoring_s += time.perf_counter() - began
+        self.pending.pop()
         tokens, rounds = replay(agree, example.num_draft_tokens)
         total = self.totals[side]
         for i, value in enumerate((tokens, rounds, len(agree), sum(agree))):
             total[i] += value
-        self.counters.scoring_s += time.perf_counter() - began
 
     def load_scorer(self, version: Version) -> None:
         if self.scorer_holds is version:

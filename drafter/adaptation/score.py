@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from drafter.adaptation.buffer import Example
+from drafter.adaptation.preempt import Preempted
 
-Logits = Callable[[torch.Tensor], torch.Tensor]  # ids [1, L] -> logits [1, L, vocab]
+SCORE_CHUNK = 64  # positions whose logits are computed at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,27 +58,30 @@ def replay(agree: list[bool], num_draft_tokens: int) -> tuple[int, int]:
         tokens, rounds, start = tokens + kept + 1, rounds + 1, start + kept + 1
 
 
-def agreement(logits: Logits, example: Example) -> list[bool]:
-    """Per target token of `example`: whether the greedy token given the true prefix before it is it."""
+def agreement(model, example: Example, stop: Callable[[], bool] = lambda: False) -> list[bool]:
+    """Per target token of `example`: whether `model`'s (a transformers causal LM's) greedy token given the
+    true prefix before it is it. The lm_head runs SCORE_CHUNK positions at a time, `stop()` asked between
+    (inside `preemptible` its layers ask too): Preempted, when it says so."""
     ids = torch.tensor([example.tokens])
+    targets = ids[0, example.num_context :]
+    predicted = []
     with torch.no_grad():
-        predicted = logits(ids[:, :-1])[0, example.num_context - 1 :].argmax(-1)
-    return (predicted == ids[0, example.num_context :]).tolist()
+        hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[0, example.num_context - 1 :]
+        for start in range(0, len(targets), SCORE_CHUNK):
+            if stop():
+                raise Preempted
+            predicted.append(model.lm_head(hidden[start : start + SCORE_CHUNK]).argmax(-1))
+    return (torch.cat(predicted) == targets).tolist()
 
 
-def score(logits: Logits, examples: Iterable[Example]) -> Score:
+def score(model, examples: Iterable[Example]) -> Score:
     """A version's score over `examples` (rounds of k = 0 drafted nothing and are not scored)."""
     tokens = rounds = positions = agreed = 0
     for example in examples:
         if example.num_draft_tokens < 1 or example.num_context < 1 or example.num_targets < 1:
             continue
-        agree = agreement(logits, example)
+        agree = agreement(model, example)
         emitted, num_rounds = replay(agree, example.num_draft_tokens)
         tokens, rounds = tokens + emitted, rounds + num_rounds
         positions, agreed = positions + len(agree), agreed + sum(agree)
     return Score(tokens, rounds, positions, agreed)
-
-
-def hf_logits(model) -> Logits:
-    """A transformers causal LM as `Logits` (the trainer's and the oracle's model)."""
-    return lambda ids: model(ids).logits.float()

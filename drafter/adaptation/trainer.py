@@ -5,20 +5,23 @@ The master model is transformers' own `Qwen3ForCausalLM` / `Qwen2ForCausalLM` in
 its weights need no translation into a checkpoint), started from the served version's weights as served
 (an FP8 version's dequantized: the bf16 weights an export came from are not at hand). All its weights train
 (full fine-tuning with AdamW; low-rank adapters would keep less optimizer state, see docs/adaptation.md).
-A step is one example's window of at most `max_step_tokens` ids with its target tokens' cross-entropy, so
-its time is bounded: the trainer runs between requests and a request waits for at most one step.
+A step is one example's window of at most `max_step_tokens` ids with its target tokens' cross-entropy, and
+is abandoned between two decoder layers when a request arrives (drafter/adaptation/preempt.py).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from drafter.adaptation.buffer import Example
 from drafter.adaptation.lora import add_adapters, merged_state
+from drafter.adaptation.preempt import Preempted, preemptible
+
+LOSS_CHUNK = 16  # target positions whose logits are computed at once (bench-cpu: ~0.1 s of lm_head each)
 
 
 def hf_model(hf_config: dict, state: dict[str, torch.Tensor], device="cpu"):
@@ -79,19 +82,44 @@ class Trainer:
         start = max(0, end - self.max_step_tokens)
         return tokens[start:end], max(example.num_context - start, 1)
 
-    def step(self, examples: Sequence[Example]) -> float:
-        """One optimizer step on a window of a random example; its loss."""
+    def step(self, examples: Sequence[Example], stop: Callable[[], bool] = lambda: False) -> float | None:
+        """One optimizer step on a window of a random example; its loss, or None if `stop()` turned true
+        during it (between two decoder layers: the step is dropped, no weight changed)."""
         ids, num_context = self.window(self.rng.choice(examples))
         ids = torch.tensor([ids], device=self.device)
-        self.model.train()
-        logits = self.model(ids[:, :-1]).logits[0, num_context - 1 :].float()
-        loss = F.cross_entropy(logits, ids[0, num_context:])
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.model.train()
+        try:
+            with preemptible(self.model, stop):
+                loss = self.forward_backward(ids, num_context, stop)
+        except Preempted:
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        finally:
+            self.model.eval()
         torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], 1.0)
         self.optimizer.step()
-        self.model.eval()
-        return loss.item()
+        return loss
+
+    def forward_backward(self, ids: torch.Tensor, num_context: int, stop: Callable[[], bool]) -> float:
+        """The mean cross-entropy of the target tokens, its gradients accumulated. The lm_head (frozen) and
+        the loss run LOSS_CHUNK positions at a time, asking `stop()` between chunks: on a large vocabulary
+        they are most of a step, and the layers' hooks alone would let a request wait through all of them.
+        Then one backward through the layers from the hidden states' gradient."""
+        hidden = self.model.model(input_ids=ids[:, :-1]).last_hidden_state[0, num_context - 1 :]
+        targets = ids[0, num_context:]
+        detached = hidden.detach().requires_grad_()
+        total = 0.0
+        for start in range(0, len(targets), LOSS_CHUNK):
+            if stop():
+                raise Preempted
+            part = slice(start, start + LOSS_CHUNK)
+            logits = self.model.lm_head(detached[part]).float()
+            loss = F.cross_entropy(logits, targets[part], reduction="sum") / len(targets)
+            loss.backward()
+            total += loss.item()
+        hidden.backward(detached.grad)
+        return total
 
     def state(self) -> dict[str, torch.Tensor]:
         """The master weights now, adapters merged (copies: training goes on)."""

@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 JOB_KEY = "\0adaptation"  # a background-work key no session name can take (names are printable)
 # The engine must have answered nothing for this long before the cycle starts: while conversations are
 # under way (a target verifies a round in milliseconds to tens of them) a call would meet a training step
-# and wait for it; measured on the tiny test model, 1 client: p99 24 -> 40 ms with training in every
-# gap (a 2-core machine under other load: noisy). After a quiet spell, at most the first call of a new
+# and wait for it (tiny test model, 1 client, one run: p99 24 -> 40 ms with training in every
+# gap, on a 2-core machine under other load). After a quiet spell, at most the first call of a new
 # burst waits for the step under way.
 QUIET_S = 0.05
 

@@ -34,8 +34,8 @@ JOB_KEY = "\0adaptation"  # a background-work key no session name can take (name
 # The engine must have answered nothing for this long before the cycle starts: while conversations are
 # under way (a target verifies a round in milliseconds to tens of them) a call would meet a training step
 # and wait for it (tiny test model, 1 client, one run: p99 24 -> 40 ms with training in every
-# gap, on a 2-core machine under other load). After a quiet spell, at most the first call of a new
-# burst waits for the step under way.
+# gap, on a 2-core machine under other load). After a quiet spell, the first call of a new burst waits
+# for the layer or chunk of logits under way (drafter/adaptation/preempt.py).
 QUIET_S = 0.05
 
 

@@ -44,4 +44,5 @@ def describe(engine) -> dict:
         "draft_length_tiers": list(cfg.tiers) if engine.graphs is not None else None,
         "kv_cache": describe_cache(engine),
         "recompiles_after_warmup": engine.recompiles.count,
+        "weights_version": engine.weights_version,  # 0 as loaded, +1 per in-place swap (engine/swap.py)
     }

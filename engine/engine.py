@@ -31,6 +31,7 @@ from engine.model.qwen3 import rope_table
 from engine.prefill import PrefillRow, contiguous, prefill
 from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
+from engine.swap import check_weights, copy_in_place
 from engine.tiers import decode_steps
 from engine.warmup import Warmup
 
@@ -87,6 +88,8 @@ class Engine(Warmup, DraftingAhead):
         self.branch_ops = BranchOps()  # adoptions and drops asked from other threads, applied by the next job
         self.branch_pages = 0
         self.ahead_step_ms: float | None = None  # wall time per step of ahead loops, a moving average
+        self.weights_version = 0  # 0 as loaded, +1 per swap_weights
+        self.swap_ms: float | None = None  # the last swap's wall time
 
     @classmethod
     def load(cls, source: str, config: EngineConfig, lifecycle: Lifecycle | None = None) -> Engine:
@@ -99,6 +102,25 @@ class Engine(Warmup, DraftingAhead):
         """Forget every cached conversation (the pool's contents are simply no longer referenced)."""
         cfg = self.config
         self.table = SequenceTable(self.pool.num_pages, cfg.page_size, cfg.max_pages_per_seq)
+
+    def swap_weights(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Serve new weights from the next batch on: a checkpoint's tensors in the served layout
+        (export/versions.py), copied into the live ones (engine/swap.py), so compiled code and graphs stay
+        valid. Every cached sequence, prefix-index entry and drafted-ahead branch holds keys and values of the
+        old weights, so all are dropped, with queued branch adoptions (they name the old table's
+        sequences). Call between batches on the thread that drafts. Returns the new weights version."""
+        began = time.perf_counter()
+        checked = check_weights(self.loaded, tensors, DTYPES[self.config.dtype], self.device)
+        # Raised before the copy: a drafted-ahead answer read meanwhile on the event loop is then stale.
+        self.weights_version += 1
+        copy_in_place(self.loaded, checked, DTYPES[self.config.dtype])
+        self.branch_ops.queue.clear()
+        self.reset_cache()
+        self.count_branch_pages()
+        self.sync()
+        self.swap_ms = (time.perf_counter() - began) * 1e3
+        log.info("weights version %d swapped in (%.1f ms)", self.weights_version, self.swap_ms)
+        return self.weights_version
 
     # -- drafting -------------------------------------------------------------------------------------
 
@@ -224,6 +246,7 @@ class Engine(Warmup, DraftingAhead):
                 shared=placement.shared,
                 num_steps=num_steps,
                 choices=choice[: request.num_draft_tokens + 1],
+                weights_version=self.weights_version,
             )
             for request, context, placement, draft, prob, choice in zip(
                 requests, contexts, placements, drafts, probs, tops, strict=True

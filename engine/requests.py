@@ -42,6 +42,7 @@ class DraftResult:
     # With top choices on (engine/ahead.py): per position 0..k, the likeliest tokens there as (id, prob)
     # pairs, best first; position k is the step after the last draft.
     choices: list[list[tuple[int, float]]] = field(default_factory=list)
+    weights_version: int = 0  # the engine's weights version that drafted it (Engine.swap_weights)
 
 
 @dataclass(slots=True)

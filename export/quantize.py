@@ -59,6 +59,16 @@ def quantize_layers(model, show_progress: bool = True) -> dict[str, float]:
     return errors
 
 
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder linear's weight ([out, in], bf16 as the export reads its source) quantized by the same
+    torchao config as `quantize_layers`: its fp8 bytes and float32 [1] scale. For weights that are not in a
+    transformers model (online adaptation's versions, export/versions.py)."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+    quantize_(linear, weight_config())
+    return fp8_parts(linear.weight)
+
+
 def fp8_parts(weight) -> tuple[torch.Tensor, torch.Tensor]:
     """A quantized weight's fp8 bytes ([out, in]) and its per-tensor scale as float32 [1]."""
     if not isinstance(weight, Float8Tensor):

@@ -54,7 +54,8 @@ class AheadWork:
         self.batcher.cancel_background(name)  # a plan not yet started is for a round now over
         drafts = call.session.drafts if call.session is not None else None
         k = 0 if call.head.tokens else call.num_draft_tokens  # a suffix head: not the model's alone
-        branch, had = self.ahead.match(name, drafts, np.asarray(call.context), call.accepted, k)
+        context, version = np.asarray(call.context), self.engine.weights_version
+        branch, had = self.ahead.match(name, drafts, context, call.accepted, k, version)
         if branch is None:
             self.engine.branch_ops.drop(name)
             return None, MISS if had else NONE

@@ -117,6 +117,16 @@ OPTIONS: dict[str, tuple] = {
         "kept, the target's token), so the session's next call may be answered with no engine work; 0: off "
         "[8, at most --max-batch-size]",
     ),
+    "adapt-buffer-tokens": (
+        int,
+        "with --adapt: token ids the buffer of what targets emitted holds, context included; the oldest "
+        "go first [65536]",
+    ),
+    "adapt-dir": (
+        str,
+        "with --adapt: save each weights version as DIR/v{N}/, a checkpoint --model serves; an empty or "
+        "new directory [none: nothing written to disk]",
+    ),
     "api-key": (
         str,
         "bearer token required on /draft, /info and /metrics [none: open]; prefer the variable, "
@@ -127,6 +137,8 @@ OPTIONS: dict[str, tuple] = {
 SWITCHES = {
     "compile": "torch.compile the decode step [on for CUDA, off for CPU]",
     "cuda-graphs": "capture the k-step loop in CUDA graphs [on for CUDA, off for CPU]",
+    "adapt": "fine-tune the drafter on what targets emit, while idle; better versions go live (their "
+    "weights carry every conversation's outputs: docs/adaptation.md) [off]",
 }
 
 

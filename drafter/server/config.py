@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from drafter.sessions.draft_source import SOURCES
 from engine.config import EngineConfig
@@ -25,6 +27,14 @@ AHEAD_TOP_CHOICES = 4
 # Branches per session by default (bench/README.md, "Drafting ahead"): on, since a server whose sessions call
 # faster than an ahead loop runs (or that is under load) drafts nothing ahead, so it costs nothing there.
 DEFAULT_DRAFT_AHEAD = 8
+
+
+# The traffic buffer holds Python ints, ~36 bytes an id: the default is ~2.4 MB, the maximum ~600 MB. The
+# minimum leaves its held-out fifth room for a few examples of a 256-token context window.
+DEFAULT_ADAPT_BUFFER_TOKENS = 65536
+MIN_ADAPT_BUFFER_TOKENS = 4096
+MAX_ADAPT_BUFFER_TOKENS = 2**24
+VERSION_DIR = re.compile(r"v\d+")
 
 
 class ServerConfigError(ValueError):
@@ -71,6 +81,10 @@ class ServerConfig:
     # Branches drafted ahead per session while the engine idles (drafter/sessions/ahead.py); 0: off;
     # None: DEFAULT_DRAFT_AHEAD, at most max_batch_size.
     draft_ahead: int | None = None
+    # Online adaptation (docs/adaptation.md): fine-tune the drafter on what targets emitted, while idle.
+    adapt: bool = False
+    adapt_buffer_tokens: int = DEFAULT_ADAPT_BUFFER_TOKENS  # ids the traffic buffer holds, context included
+    adapt_dir: str | None = None  # where each version is saved as v{N}/; None: nothing written to disk
 
     def __post_init__(self):
         if self.draft_ahead is None:
@@ -131,9 +145,32 @@ class ServerConfig:
                 f"draft_ahead must be in [0, max_batch_size = {self.max_batch_size}] (one decode loop drafts "
                 f"a session's branches), got {self.draft_ahead}"
             )
+        self.check_adaptation()
         if self.api_key is not None and not self.api_key.strip():
             raise ServerConfigError("api_key must not be empty (unset it to turn auth off)")
         self.engine_config()  # the engine's own checks (sizes, dtype, graphs on CUDA only) fail here too
+
+    def check_adaptation(self) -> None:
+        if not MIN_ADAPT_BUFFER_TOKENS <= self.adapt_buffer_tokens <= MAX_ADAPT_BUFFER_TOKENS:
+            raise ServerConfigError(
+                f"adapt_buffer_tokens must be in [{MIN_ADAPT_BUFFER_TOKENS}, {MAX_ADAPT_BUFFER_TOKENS}], "
+                f"got {self.adapt_buffer_tokens}"
+            )
+        if self.adapt_dir is None:
+            return
+        if not self.adapt:
+            raise ServerConfigError("adapt_dir saves adapted versions: it needs --adapt")
+        directory = Path(self.adapt_dir).expanduser()
+        if directory.exists() and not directory.is_dir():
+            raise ServerConfigError(f"adapt_dir {str(directory)!r} exists and is not a directory")
+        if directory.is_dir() and any(VERSION_DIR.fullmatch(p.name) for p in directory.iterdir()):
+            raise ServerConfigError(
+                f"adapt_dir {str(directory)!r} already holds versions (v0, v1, ...) of an earlier run; "
+                "choose an empty directory or move them away"
+            )
+        existing = next(p for p in (directory, *directory.parents) if p.exists())
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ServerConfigError(f"adapt_dir {str(directory)!r} cannot be created or written here")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

@@ -218,6 +218,8 @@ def answer_fields(call: Call, runtime: Runtime, result: DraftResult) -> dict:
         keep = next((i for i, p in enumerate(probs) if p < params.min_confidence), len(probs))
         tokens, probs = tokens[:keep], probs[:keep]
     body = {"tokens": tokens, "cached": result.cached, **runtime.speculation.finish(call, tokens)}
+    if runtime.adapt is not None:
+        runtime.adapt.answered(call, result)
     if params.return_probs:
         body["probs"] = probs
     runtime.metrics.draft_tokens.inc(len(tokens))

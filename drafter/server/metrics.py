@@ -13,7 +13,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Sub-millisecond to seconds: a GPU draft is ~1-5 ms, a CPU one or a long prefill much more.
@@ -32,6 +32,48 @@ class RecompileCollector:
     def collect(self):
         help_text = "torch.compile recompiles after warmup (each one stalls the engine; should stay 0)"
         yield CounterMetricFamily("drafter_recompiles", help_text, value=self.guard.count)
+
+
+class AdaptationCollector:
+    """Online adaptation's series (drafter/server/adapt_work.py), read from its counters at each scrape."""
+
+    def __init__(self, adapt):
+        self.adapt = adapt
+
+    def collect(self):
+        cycle = self.adapt.cycle
+        c = cycle.counters
+        yield GaugeMetricFamily(
+            "drafter_adapt_version", "The weights version live (0: as loaded)", cycle.live.number
+        )
+        for name, text, value in (
+            ("swaps", "Candidates swapped in (better than the live weights by the margin)", c.swaps),
+            ("rejected_candidates", "Candidates not swapped in (no better on held-out traffic)", c.rejected),
+            (
+                "rollbacks",
+                "Versions rolled back (live acceptance fell short of the version before)",
+                c.rollbacks,
+            ),
+            ("training_steps", "Optimizer steps of the trainer", c.training_steps),
+            ("training_seconds", "Engine-thread time spent training", c.training_s),
+            ("scoring_seconds", "Engine-thread time spent scoring candidates", c.scoring_s),
+        ):
+            yield CounterMetricFamily(f"drafter_adapt_{name}", text, value=value)
+        yield GaugeMetricFamily(
+            "drafter_adapt_buffer_tokens",
+            "Token ids in the traffic buffer",
+            cycle.buffer.describe()["tokens"],
+        )
+        last = c.last_candidate
+        if last is not None:
+            family = GaugeMetricFamily(
+                "drafter_adapt_last_candidate_tokens_per_round",
+                "The last candidate's score on held-out traffic, and the live weights' on the same",
+                labels=["weights"],
+            )
+            for side in ("candidate", "live"):
+                family.add_metric([side], last[side]["tokens_per_round"])
+            yield family
 
 
 class Metrics:
@@ -218,6 +260,9 @@ class Metrics:
         self.suffix_index_tokens.labels("local").set_function(lambda: suffix.num_local)
         self.suffix_index_tokens.labels("global").set_function(lambda: len(suffix.global_index))
         self.suffix_pending_tokens.set_function(lambda: suffix.pending_tokens)
+
+    def watch_adaptation(self, adapt) -> None:
+        self.registry.register(AdaptationCollector(adapt))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

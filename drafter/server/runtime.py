@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -17,6 +18,7 @@ from drafter.scheduling import startup_costs
 from drafter.scheduling.batcher import Batcher
 from drafter.scheduling.engine_thread import EngineThread
 from drafter.scheduling.inline import InlinePolicy, effective_max_ms
+from drafter.server.adapt_work import AdaptWork, build_cycle
 from drafter.server.ahead_work import AheadWork
 from drafter.server.config import ServerConfig
 from drafter.server.metrics import Metrics
@@ -60,6 +62,7 @@ class Runtime:
         self.suffix_work = asyncio.Event()  # set when the suffix indexes have tokens to take in
         self.indexer: asyncio.Task | None = None
         self.ahead: AheadWork | None = None  # drafting ahead, when --draft-ahead > 0
+        self.adapt: AdaptWork | None = None  # online adaptation, with --adapt
 
     @property
     def ready(self) -> bool:
@@ -97,6 +100,9 @@ class Runtime:
             threads = await self.engine_thread.run(torch.get_num_threads)
             inline_ms, inline_off = effective_max_ms(config.inline_max_ms, engine.device.type, threads)
             costs = await self.engine_thread.run(startup_costs.measure, engine, inline_ms)
+            cycle = None
+            if config.adapt:  # the trainer's and scorer's models: before readiness, like the engine
+                cycle = await self.engine_thread.run(build_cycle, engine, config.adapt_buffer_tokens)
         except Exception as error:  # noqa: BLE001 - anything here means nothing can be served
             if self.lifecycle.state is not State.FAILED:
                 self.lifecycle.fail(f"{type(error).__name__}: {error}")
@@ -174,6 +180,12 @@ class Runtime:
                 self.metrics,
             )
             self.ahead = AheadWork(ahead, self.batcher, engine, self.speculation.sessions)
+        if cycle is not None:
+            directory = Path(config.adapt_dir).expanduser() if config.adapt_dir else None
+            self.adapt = AdaptWork(cycle, self.batcher, directory, cycle.hf_config, cycle.dtype)
+            self.speculation.on_verified = self.adapt.verified
+            self.metrics.watch_adaptation(self.adapt)
+            self.adapt.start()
         log.info(
             "ready in %.1f s: %s on %s (%s), stages %s, fallbacks %s",
             time.perf_counter() - started,
@@ -190,6 +202,8 @@ class Runtime:
             self.suffix.drop(name)
         if self.ahead is not None:
             self.ahead.forget(name)
+        if self.adapt is not None:
+            self.adapt.forget(name)
 
     async def index_suffixes(self) -> None:
         """Take new context tokens into the suffix indexes a slice at a time, between the loop's other

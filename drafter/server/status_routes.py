@@ -64,6 +64,7 @@ async def info(request: Request) -> OrjsonResponse:
             }
         else:
             body["draft_ahead"] = {"branches_per_session": 0}
+    body["adaptation"] = runtime.adapt.describe() if runtime.adapt is not None else {"enabled": False}
     return OrjsonResponse(body)
 
 

@@ -193,9 +193,17 @@ class DraftAhead:
         return True
 
     def match(
-        self, session: str, drafts, context: np.ndarray, accepted: int | None, num_draft_tokens: int
+        self,
+        session: str,
+        drafts,
+        context: np.ndarray,
+        accepted: int | None,
+        num_draft_tokens: int,
+        weights_version: int = 0,
     ) -> tuple[AheadBranch | None, bool]:
-        """A session call's branch, or None; and whether the session had branches (to drop on a miss)."""
+        """A session call's branch, or None; and whether the session had branches (to drop on a miss).
+        A branch drafted by other weights than the engine's now (`weights_version`: a swap came between,
+        docs/adaptation.md) is a miss: nothing drafted with one version is answered after a swap."""
         plan = self.plans.pop(session, None)
         if accepted is None:  # a new session or a rollback: nothing was verified, no outcome to meet
             if plan is not None:
@@ -208,7 +216,8 @@ class DraftAhead:
         found = None
         if plan.drafts is drafts and len(context) == plan.context_len + accepted + 1 and num_draft_tokens > 0:
             found = plan.branches.get((accepted, int(context[-1])))
-        if found is None or found[0].depth < num_draft_tokens:
+        stale = found is not None and found[1].result.weights_version != weights_version
+        if found is None or stale or found[0].depth < num_draft_tokens:
             self.stats.misses += 1
             self.metrics.ahead_calls.labels("miss").inc()
             self.waste(plan)
@@ -263,4 +272,5 @@ def hit_result(branch: AheadBranch, context_len: int, num_draft_tokens: int) -> 
         decode_ms=0.0,
         num_steps=0,
         choices=drafted.choices[: num_draft_tokens + 1],
+        weights_version=drafted.weights_version,
     )

@@ -12,6 +12,7 @@ whole context.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,11 +79,15 @@ class Speculation:
         suffix: SuffixDrafts | None = None,  # None: suffix drafting is off
         default_source: str = MODEL,
         suffix_min_score: float = 0.0,
+        # (session, context, last context's length, drafts kept, drafts sent): a call that verified its
+        # session's drafts, so what the target emitted is known (online adaptation's buffer, or None)
+        on_verified: Callable[[str, np.ndarray, int, int, int], None] | None = None,
     ):
         self.sessions, self.policy, self.metrics = sessions, policy, metrics
         self.max_seq_len, self.max_draft_tokens = max_seq_len, max_draft_tokens
         self.suffix, self.default_source = suffix, default_source
         self.suffix_min_score = suffix_min_score
+        self.on_verified = on_verified
         self.acceptance = Acceptance()  # server-wide: where new sessions start
         self.suffix_track = SuffixTrack()
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
@@ -178,6 +183,14 @@ class Speculation:
         if call.accepted is not None:
             fields["accepted"] = call.accepted
             self.record(call.num_previous_drafts, call.accepted, call.session.head_len, call.hindsight)
+            if self.on_verified is not None:  # before `commit`: a session buffer's room is rewritten later
+                self.on_verified(
+                    params.session,
+                    call.context,
+                    call.session.context_len,
+                    call.accepted,
+                    call.num_previous_drafts,
+                )
         if params.session is not None:
             token = self.sessions.commit(
                 params.session,

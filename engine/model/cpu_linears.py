@@ -49,12 +49,18 @@ class CpuLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str = "plain"):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.kind, self.bias = kind, bias
+        self.kind = kind
+        self.load(weight, bias)
+
+    def load(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Take (and pack) `weight` [out, in] and `bias`: at construction, and when the engine swaps its
+        weights (engine/swap.py; eager only, so no compiled code holds the old tensors)."""
+        self.bias = bias
         # Packed weights are opaque tensors, not parameters: state dicts and .to() never see them.
         self.weight_ = weight
-        if kind == "onednn":
+        if self.kind == "onednn":
             self.weight_ = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-        elif kind == "mkl":
+        elif self.kind == "mkl":
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +83,13 @@ class CpuDynamicFP8Linear(nn.Module):
     def __init__(self, linear: FP8DynamicLinear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight_ = linear.weight.detach().to(torch.float32)  # fp8 values, exact in fp32
-        self.weight_scale = linear.weight_scale.detach()
-        self.bias = linear.bias
+        self.load(linear.weight.detach(), linear.weight_scale.detach(), linear.bias)
+
+    def load(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Take an fp8 `weight` [out, in], its float32 [1] scale and `bias` (at construction and on a swap)."""
+        self.weight_ = weight.to(torch.float32)  # fp8 values, exact in fp32
+        self.weight_scale = weight_scale
+        self.bias = None if bias is None else bias.detach()  # a plain tensor, as CpuLinear's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_q, x_scale = quantize_per_row(x.reshape(-1, self.in_features))  # [tokens, in], [tokens, 1]

@@ -50,8 +50,7 @@ class FP8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, device=device)) if bias else None
 
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
-        # Exactly torchao's _dequantize_affine_float8: upcast to fp32, scale, cast to the compute dtype.
-        return (self.weight.to(torch.float32) * self.weight_scale).to(dtype)
+        return dequantize(self.weight, self.weight_scale, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if x.is_cuda and torch.compiler.is_compiling() and x.numel() // self.in_features <= MAX_FUSED_ROWS:
@@ -97,6 +96,12 @@ class FP8DynamicLinear(FP8Linear):
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 `weight` [out, in] times its float32 [1] `scale`, in `dtype`: exactly torchao's
+    _dequantize_affine_float8 (upcast to fp32, scale, cast to the compute dtype)."""
+    return (weight.to(torch.float32) * scale).to(dtype)
 
 
 def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,255 @@
+"""The adaptation cycle: train a candidate, score it against the live weights on held-out traffic, swap it in
+only if it is better by a margin, and roll a swapped version back if live acceptance says it does worse than
+the one before. Versions are numbered 0 (as loaded), 1, 2, ...; a rollback makes the previous version live
+again under its own number.
+
+`work(stop)` runs on the engine thread as background work (the server's drafter/server/adapt_work.py posts
+it only on an idle engine): it advances the cycle a step at a time (one optimizer step, or one example
+scored) and returns as soon as `stop()` says a request is waiting, keeping its place (a step or an example
+under way is cut short between two decoder layers, drafter/adaptation/preempt.py). The swap itself runs
+there too, between two engine batches, through `swap` (`Engine.swap_weights`). Everything a reader on the
+event loop sees (`describe`, the counters) is replaced by whole values or plain integers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from drafter.adaptation.buffer import Example, TrafficBuffer
+from drafter.adaptation.preempt import Preempted, preemptible
+from drafter.adaptation.score import Score, agreement, replay
+from drafter.adaptation.trainer import Trainer, hf_model
+from export.versions import dense_state, served_tensors
+
+log = logging.getLogger(__name__)
+
+TRAIN, SCORE = "train", "score"
+
+
+@dataclass(frozen=True, slots=True)
+class CycleSettings:
+    steps_per_candidate: int = 16  # optimizer steps between two candidates
+    step_tokens: int = 128  # ids in one step's window: bounds how long a request may wait for a step
+    learning_rate: float = 1e-4
+    adapter_rank: int = 0  # 0: every decoder weight trains; else low-rank adapters (docs/adaptation.md)
+    min_train_tokens: int = 64  # new target tokens buffered since the last round before a round starts
+    min_rounds: int = 16  # held-out rounds a candidate must be scored on
+    margin: float = 0.02  # a candidate's tokens per round must beat the live weights' by this fraction
+    rollback_rounds: int = 64  # live rounds of a new version before it is judged, and of the one before
+    rollback_margin: float = 0.05  # rolled back when its live tokens per round fall this fraction short
+
+
+@dataclass(slots=True)
+class Version:
+    number: int
+    tensors: dict[str, torch.Tensor]  # the served layout (export/versions.py): what the engine holds
+
+
+@dataclass(slots=True)
+class Counters:
+    swaps: int = 0
+    rejected: int = 0
+    rollbacks: int = 0
+    training_steps: int = 0
+    training_s: float = 0.0
+    scoring_s: float = 0.0
+    last_loss: float | None = None
+    last_candidate: dict | None = None  # {"candidate": Score.describe(), "live": ..., "swapped": bool}
+
+
+class Cycle:
+    def __init__(
+        self,
+        settings: CycleSettings,
+        buffer: TrafficBuffer,
+        hf_config: dict,
+        live_tensors: dict[str, torch.Tensor],
+        quantization: str,
+        dtype: torch.dtype,
+        swap: Callable[[dict[str, torch.Tensor]], int],  # the engine's swap: returns its weights_version
+        device="cpu",
+    ):
+        self.settings, self.buffer, self.hf_config = settings, buffer, hf_config
+        self.quantization, self.dtype, self.swap, self.device = quantization, dtype, swap, device
+        self.tied = bool(hf_config.get("tie_word_embeddings"))
+        self.live = Version(0, live_tensors)
+        self.previous: Version | None = None  # the version before the live one, for a rollback
+        self.next_number = 1
+        self.trainer = Trainer(
+            hf_config,
+            dense_state(live_tensors),
+            settings.learning_rate,
+            settings.step_tokens,
+            device=device,
+            adapter_rank=settings.adapter_rank,
+        )
+        self.scorer = hf_model(hf_config, dense_state(live_tensors), device)  # holds the version it scores
+        self.scorer_holds: Version | None = None  # the version whose weights `scorer` holds
+        self.counters = Counters()
+        self.live_rounds: dict[int, list[int]] = {}  # version -> [tokens, rounds] the target got live
+        self.by_weights_version = {0: 0}  # the engine's weights_version (+1 a swap) -> our version number
+        self.rollback_due = False
+        self.phase, self.steps = TRAIN, 0
+        self.tokens_at_round = 0  # the buffer's target tokens seen when the current round started
+        self.candidate: Version | None = None
+        self.pending: list[tuple[str, Example]] = []  # (side, held-out example) still to score, last first
+        self.totals: dict[str, list[int]] = {}  # "candidate"/"live" -> [tokens, rounds, positions, agreed]
+
+    # -- on the event loop ----------------------------------------------------------------------------
+
+    def observe(self, weights_version: int, accepted: int, num_draft_tokens: int) -> None:
+        """A target verified drafts the engine made at `weights_version`: it kept `accepted` of
+        `num_draft_tokens` and added one token."""
+        version = self.by_weights_version.get(weights_version)
+        if num_draft_tokens < 1 or version is None:
+            return
+        tally = self.live_rounds.setdefault(version, [0, 0])
+        tally[0] += accepted + 1
+        tally[1] += 1
+        if version == self.live.number and self.previous is not None and self.worse_than_before():
+            self.rollback_due = True
+
+    def worse_than_before(self) -> bool:
+        now, before = self.live_rounds.get(self.live.number), self.live_rounds.get(self.previous.number)
+        enough = self.settings.rollback_rounds
+        if now is None or before is None or now[1] < enough or before[1] < enough:
+            return False
+        return now[0] / now[1] < (before[0] / before[1]) * (1 - self.settings.rollback_margin)
+
+    def has_work(self) -> bool:
+        """A rollback is due, a round is under way, or enough new target tokens came in to start one
+        (cheap: asked on every verified call)."""
+        if self.rollback_due or self.phase == SCORE or self.steps:
+            return True
+        new = self.buffer.counters.target_tokens - self.tokens_at_round
+        return new >= self.settings.min_train_tokens and bool(self.buffer.training and self.buffer.held_out)
+
+    # -- on the engine thread -------------------------------------------------------------------------
+
+    def work(self, stop: Callable[[], bool]) -> str | None:
+        """Advance the cycle until `stop()` or a decision: "swapped", "rejected", "rolled back", or None."""
+        if self.rollback_due:
+            return self.roll_back()
+        while not stop():
+            if self.phase == TRAIN:
+                examples = tuple(self.buffer.training)
+                if not examples:
+                    return None
+                if not self.steps:
+                    self.tokens_at_round = self.buffer.counters.target_tokens
+                began = time.perf_counter()
+                loss = self.trainer.step(examples, stop)
+                self.counters.training_s += time.perf_counter() - began
+                if loss is None:  # cut short for a request: dropped, not counted
+                    return None
+                self.counters.last_loss = loss
+                self.counters.training_steps += 1
+                self.steps += 1
+                if self.steps >= self.settings.steps_per_candidate:
+                    self.start_scoring()
+            elif self.pending:
+                self.score_next(stop)
+            else:
+                return self.decide()
+        return None
+
+    def start_scoring(self) -> None:
+        state = self.trainer.state()
+        self.candidate = Version(
+            self.next_number, served_tensors(state, self.quantization, self.dtype, self.tied)
+        )
+        # Copies: the buffer may grow an example meanwhile, and both sides must score the same tokens.
+        held_out = [
+            Example(e.session, e.tokens[:], e.num_context, e.num_draft_tokens, True)
+            for e in tuple(self.buffer.held_out)
+            if e.num_draft_tokens >= 1 and e.num_targets >= 1
+        ]
+        self.pending = [(side, e) for side in ("live", "candidate") for e in held_out]
+        self.totals = {"candidate": [0, 0, 0, 0], "live": [0, 0, 0, 0]}
+        self.phase = SCORE
+
+    def score_next(self, stop: Callable[[], bool]) -> None:
+        """Score the next held-out example with one side (the candidate's examples first, then the live's:
+        the scorer loads each version once a round); left for later if `stop()` turns true meanwhile."""
+        began = time.perf_counter()
+        side, example = self.pending[-1]
+        self.load_scorer(self.candidate if side == "candidate" else self.live)
+        try:
+            with preemptible(self.scorer, stop):
+                agree = agreement(self.scorer, example, stop)
+        except Preempted:
+            return
+        finally:
+            self.counters.scoring_s += time.perf_counter() - began
+        self.pending.pop()
+        tokens, rounds = replay(agree, example.num_draft_tokens)
+        total = self.totals[side]
+        for i, value in enumerate((tokens, rounds, len(agree), sum(agree))):
+            total[i] += value
+
+    def load_scorer(self, version: Version) -> None:
+        if self.scorer_holds is version:
+            return
+        self.scorer.load_state_dict(dense_state(version.tensors), strict=False)
+        if self.tied:
+            self.scorer.tie_weights()
+        self.scorer_holds = version
+
+    def decide(self) -> str:
+        """Swap the candidate in if it beats the live weights by the margin on enough rounds."""
+        candidate, live = (Score(*self.totals[side]) for side in ("candidate", "live"))
+        better = (
+            candidate.rounds >= self.settings.min_rounds
+            and live.rounds >= self.settings.min_rounds
+            and candidate.tokens_per_round > live.tokens_per_round * (1 + self.settings.margin)
+        )
+        self.counters.last_candidate = {
+            "version": self.candidate.number,
+            "candidate": candidate.describe(),
+            "live": live.describe(),
+            "swapped": better,
+        }
+        self.phase, self.steps = TRAIN, 0
+        if not better:
+            self.counters.rejected += 1
+            self.candidate = None
+            return "rejected"
+        self.by_weights_version[self.swap(self.candidate.tensors)] = self.candidate.number
+        self.previous, self.live, self.candidate = self.live, self.candidate, None
+        self.next_number += 1
+        self.counters.swaps += 1
+        log.info("adaptation: version %d swapped in (%s)", self.live.number, self.counters.last_candidate)
+        return "swapped"
+
+    def roll_back(self) -> str:
+        """The live version did worse than the one before: that one again, and training starts from it."""
+        self.by_weights_version[self.swap(self.previous.tensors)] = self.previous.number
+        log.warning("adaptation: version %d rolled back to %d", self.live.number, self.previous.number)
+        self.live, self.previous = self.previous, None
+        self.trainer.reset(dense_state(self.live.tensors))
+        self.rollback_due, self.phase, self.steps, self.candidate = False, TRAIN, 0, None
+        self.counters.rollbacks += 1
+        return "rolled back"
+
+    def describe(self) -> dict:
+        c = self.counters
+        return {
+            "version": self.live.number,
+            "previous_version": self.previous.number if self.previous else None,
+            "swaps": c.swaps,
+            "rejected_candidates": c.rejected,
+            "rollbacks": c.rollbacks,
+            "training_steps": c.training_steps,
+            "training_seconds": round(c.training_s, 3),
+            "scoring_seconds": round(c.scoring_s, 3),
+            "last_loss": None if c.last_loss is None else round(c.last_loss, 4),
+            "last_candidate": c.last_candidate,
+            "round": {"phase": self.phase, "steps": self.steps, "busy": self.has_work()},
+            "live_tokens_per_round": {str(v): round(t / r, 4) for v, (t, r) in self.live_rounds.items() if r},
+            "buffer": self.buffer.describe(),
+        }

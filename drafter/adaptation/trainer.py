@@ -1,0 +1,130 @@
+"""The trainer: master weights and optimizer state, apart from the served weights, fine-tuned to predict what
+targets emitted.
+
+The master model is transformers' own `Qwen3ForCausalLM` / `Qwen2ForCausalLM` in fp32 (the oracle's model:
+its weights need no translation into a checkpoint), started from the served version's weights as served
+(an FP8 version's dequantized: the bf16 weights an export came from are not at hand). All its weights train
+(full fine-tuning with AdamW; low-rank adapters would keep less optimizer state, see docs/adaptation.md).
+A step is one example's window of at most `max_step_tokens` ids with its target tokens' cross-entropy, and
+is abandoned between two decoder layers when a request arrives (drafter/adaptation/preempt.py).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from drafter.adaptation.buffer import Example
+from drafter.adaptation.lora import add_adapters, merged_state
+from drafter.adaptation.preempt import Preempted, preemptible
+
+LOSS_CHUNK = 16  # target positions whose logits are computed at once (bench-cpu: ~0.1 s of lm_head each)
+
+
+def hf_model(hf_config: dict, state: dict[str, torch.Tensor], device="cpu"):
+    """transformers' model of this config holding `state` (HF names, fp32), in fp32 on `device`."""
+    import transformers
+
+    from engine.model.config import ARCHITECTURES
+
+    family = hf_config["model_type"]
+    config_class = getattr(transformers, f"{ARCHITECTURES[family].removesuffix('ForCausalLM')}Config")
+    fields = {k: v for k, v in hf_config.items() if k not in ("quantization_config", "architectures")}
+    config = config_class(**fields)
+    model = getattr(transformers, ARCHITECTURES[family])(config).to(device=device, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
+
+
+class Trainer:
+    def __init__(
+        self,
+        hf_config: dict,
+        state: dict[str, torch.Tensor],
+        learning_rate: float,
+        max_step_tokens: int,
+        seed: int = 0,
+        device="cpu",
+        adapter_rank: int = 0,  # 0: all decoder weights train; else low-rank adapters (lora.py) of this rank
+    ):
+        self.hf_config, self.device, self.adapter_rank = hf_config, device, adapter_rank
+        self.learning_rate, self.max_step_tokens = learning_rate, max_step_tokens
+        self.rng = random.Random(seed)
+        self.reset(state)
+
+    def reset(self, state: dict[str, torch.Tensor]) -> None:
+        """Start again from `state` (a version rolled back to), with fresh optimizer state."""
+        self.model = hf_model(self.hf_config, state, self.device)
+        if self.adapter_rank:
+            trained = add_adapters(self.model, self.adapter_rank, alpha=2.0 * self.adapter_rank)
+            self.optimizer = torch.optim.AdamW(trained, lr=self.learning_rate, weight_decay=0.0)
+            return
+        # The embedding (and an untied lm_head) stay as they are: on a 151936-token vocabulary they are most
+        # of the parameters, and their gradients and AdamW moments most of a step's time (measured below).
+        self.model.get_input_embeddings().requires_grad_(False)
+        self.model.get_output_embeddings().requires_grad_(False)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=self.learning_rate, weight_decay=0.0)
+
+    def window(self, example: Example) -> tuple[list[int], int]:
+        """A random window of `example`: (ids, how many of them lead the first target scored), at most
+        `max_step_tokens` ids, at least one target token, and context before every target it scores."""
+        tokens = example.tokens[:]  # the buffer may append to it on the event loop meanwhile
+        end = self.rng.randint(example.num_context + 1, len(tokens))
+        start = max(0, end - self.max_step_tokens)
+        return tokens[start:end], max(example.num_context - start, 1)
+
+    def step(self, examples: Sequence[Example], stop: Callable[[], bool] = lambda: False) -> float | None:
+        """One optimizer step on a window of a random example; its loss, or None if `stop()` turned true
+        during it (between two decoder layers: the step is dropped, no weight changed)."""
+        ids, num_context = self.window(self.rng.choice(examples))
+        ids = torch.tensor([ids], device=self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        try:
+            with preemptible(self.model, stop):
+                loss = self.forward_backward(ids, num_context, stop)
+        except Preempted:
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        finally:
+            self.model.eval()
+        torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], 1.0)
+        self.optimizer.step()
+        return loss
+
+    def forward_backward(self, ids: torch.Tensor, num_context: int, stop: Callable[[], bool]) -> float:
+        """The mean cross-entropy of the target tokens, its gradients accumulated. The lm_head (frozen) and
+        the loss run LOSS_CHUNK positions at a time, asking `stop()` between chunks: on a large vocabulary
+        they are most of a step, and the layers' hooks alone would let a request wait through all of them.
+        Then one backward through the layers from the hidden states' gradient."""
+        hidden = self.model.model(input_ids=ids[:, :-1]).last_hidden_state[0, num_context - 1 :]
+        targets = ids[0, num_context:]
+        detached = hidden.detach().requires_grad_()
+        total = 0.0
+        for start in range(0, len(targets), LOSS_CHUNK):
+            if stop():
+                raise Preempted
+            part = slice(start, start + LOSS_CHUNK)
+            logits = self.model.lm_head(detached[part]).float()
+            loss = F.cross_entropy(logits, targets[part], reduction="sum") / len(targets)
+            loss.backward()
+            total += loss.item()
+        hidden.backward(detached.grad)
+        return total
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The master weights now, adapters merged (copies: training goes on)."""
+        if self.adapter_rank:
+            return merged_state(self.model)
+        return {
+            name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()
+        }

@@ -1,0 +1,162 @@
+"""The server's side of online adaptation (`--adapt`, docs/adaptation.md): feed the buffer from verified
+calls, tell the cycle which weights version drafted what a target verified, run the cycle as background work
+on an idle engine, and after a swap save the new version (with `--adapt-dir`).
+
+The cycle (drafter/adaptation/cycle.py) runs as the batcher's background work: only on an idle engine with
+nothing queued, arriving or held, one job at a time, stopping between two steps when a request shows up;
+its swap therefore falls between two engine batches, with no draft on the event loop beside it. Drafted-ahead
+answers made before a swap are never served after it: they carry the weights version that drafted them,
+and a branch of another version than the engine's is a miss (drafter/sessions/ahead.py). A round starts
+only once new target tokens came in since the last, so an idle server with no new traffic trains nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from drafter.adaptation.buffer import TrafficBuffer
+from drafter.adaptation.cycle import Cycle, CycleSettings
+from drafter.adaptation.weights import source_hf_config, source_tensors
+from drafter.scheduling.batcher import Batcher
+from drafter.sessions.draft_source import MODEL
+from drafter.sessions.speculation import Call
+from engine.engine import DTYPES, Engine
+from engine.requests import DraftResult
+from export.versions import version_config, write_version
+
+log = logging.getLogger(__name__)
+
+JOB_KEY = "\0adaptation"  # a background-work key no session name can take (names are printable)
+# The engine must have answered nothing for this long before the cycle starts: while conversations are
+# under way (a target verifies a round in milliseconds to tens of them) a call would meet a training step
+# and wait for it (tiny test model, 1 client, one run: p99 24 -> 40 ms with training in every
+# gap, on a 2-core machine under other load). After a quiet spell, the first call of a new burst waits
+# for the layer or chunk of logits under way (drafter/adaptation/preempt.py).
+QUIET_S = 0.05
+
+
+def build_cycle(engine: Engine, buffer_tokens: int) -> Cycle:
+    """The cycle for what `engine` serves, from version 0 (its checkpoint as served); on the engine thread,
+    since it builds the trainer's and the scorer's models."""
+    loaded, dtype = engine.loaded, DTYPES[engine.config.dtype]
+    return Cycle(
+        CycleSettings(),
+        TrafficBuffer(buffer_tokens),
+        source_hf_config(loaded),
+        source_tensors(loaded, dtype),
+        loaded.quantization,
+        dtype,
+        engine.swap_weights,
+        engine.device,
+    )
+
+
+class AdaptWork:
+    def __init__(self, cycle: Cycle, batcher: Batcher, directory: Path | None, hf_config: dict, dtype):
+        self.cycle, self.batcher, self.directory = cycle, batcher, directory
+        self.hf_config, self.dtype = hf_config, dtype
+        self.drafted_by: dict[str, int] = {}  # session -> weights version of the model drafts it was sent
+        self.posted = False
+        self.saves: set[asyncio.Task] = set()
+        self.saved: list[int] = []  # version numbers written to the directory
+        self.stopped_because: str | None = None  # a failure in training or scoring: adaptation stops
+        self.last_answer = 0.0  # event-loop time of the last answer
+        self.timer: asyncio.TimerHandle | None = None  # a post waiting for the engine to be quiet
+
+    def start(self) -> None:
+        """Version 0 saved (with a directory): the weights as loaded, beside the versions that follow."""
+        if self.directory is not None:
+            self.save(self.cycle.live.number, self.cycle.live.tensors)
+
+    def verified(
+        self, session: str, context: np.ndarray, last_len: int, accepted: int, num_drafts: int
+    ) -> None:
+        """Speculation's hook: a call verified its session's last drafts (on the event loop)."""
+        self.cycle.buffer.add(session, context, last_len, accepted, num_drafts)
+        version = self.drafted_by.pop(session, None)
+        if version is not None:
+            self.cycle.observe(version, accepted, num_drafts)
+        self.post()
+
+    def answered(self, call: Call, result: DraftResult) -> None:
+        """A call's answer is out: which weights drafted it, if the model alone did (a suffix draft says
+        nothing of the weights)."""
+        self.last_answer = asyncio.get_running_loop().time()
+        name = call.params.session
+        if name is None:
+            return
+        if call.source == MODEL and result.tokens:
+            self.drafted_by[name] = result.weights_version
+        else:
+            self.drafted_by.pop(name, None)
+
+    def forget(self, name: str) -> None:
+        self.drafted_by.pop(name, None)
+
+    def post(self) -> None:
+        """Hand the cycle to the batcher once the engine has been quiet for QUIET_S (checked again then)."""
+        if self.posted or self.timer is not None or self.stopped_because is not None:
+            return
+        if not self.cycle.has_work():
+            return
+        loop = asyncio.get_running_loop()
+        quiet_for = loop.time() - self.last_answer
+        if quiet_for < QUIET_S or self.batcher.running or self.batcher.waiting:
+            self.timer = loop.call_later(max(QUIET_S - quiet_for, QUIET_S / 10), self.recheck)
+            return
+        self.posted = True
+        self.batcher.run_in_background(JOB_KEY, self.work, self.done)
+
+    def recheck(self) -> None:
+        self.timer = None
+        self.post()
+
+    def work(self, stop) -> str | None:
+        """The cycle's work on the engine thread. Its failures stop adaptation, not the server: the batcher
+        takes a background job's error for the device's. (The one step that writes the engine, the swap's
+        copy, follows a check of every tensor, so it cannot fail halfway on bad weights.)"""
+        try:
+            return self.cycle.work(stop)
+        except Exception as error:  # noqa: BLE001 - training or scoring failed: serving goes on
+            self.stopped_because = f"{type(error).__name__}: {error}"
+            log.exception("adaptation stopped; the live weights stay")
+            return None
+
+    def done(self, decision: str | None, error: BaseException | None) -> None:
+        self.posted = False
+        if error is not None:
+            log.error("adaptation stopped for this round: %s: %s", type(error).__name__, error)
+            return
+        if decision == "swapped" and self.directory is not None:
+            self.save(self.cycle.live.number, self.cycle.live.tensors)
+        self.post()
+
+    def save(self, number: int, tensors: dict) -> None:
+        """Write version `number` as `DIR/v{number}/` off the event loop and the engine thread."""
+        config = version_config(self.hf_config, self.cycle.quantization, self.dtype)
+        path = self.directory / f"v{number}"
+
+        def write() -> None:
+            try:
+                write_version(path, tensors, config)
+            except OSError as error:
+                log.error("adaptation: could not save version %d to %s: %s", number, path, error)
+                return
+            self.saved.append(number)
+            log.info("adaptation: version %d saved to %s", number, path)
+
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(write))
+        self.saves.add(task)
+        task.add_done_callback(self.saves.discard)
+
+    def describe(self) -> dict:
+        return {
+            **self.cycle.describe(),
+            "directory": str(self.directory) if self.directory is not None else None,
+            "saved_versions": sorted(self.saved),
+            "stopped_because": self.stopped_because,
+        }

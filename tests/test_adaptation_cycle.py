@@ -1,0 +1,188 @@
+"""The adaptation cycle (drafter/adaptation/cycle.py) on a real engine: a drafter fine-tuned on what a target
+emitted is swapped in only when it scores better on held-out traffic, then drafts exactly what transformers
+drafts on the saved version; a candidate no better is never swapped in; a rollback restores the previous
+version's drafts exactly; and a waiting request stops the work between two steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafter.adaptation.buffer import TrafficBuffer
+from drafter.adaptation.cycle import Cycle, CycleSettings
+from drafter.adaptation.weights import source_hf_config, source_tensors
+from engine.config import EngineConfig
+from engine.engine import Engine
+from export.versions import version_config, write_version
+from tests.oracle import hf_greedy, make_hf_model
+
+CONFIG = EngineConfig(max_seq_len=256, max_batch_size=2, max_draft_tokens=8, dtype="float32")
+K = 4
+
+
+def perturbed_copy(name: str):
+    """The target `name` with every weight moved by noise; it agrees with the target on about a fifth of
+    its tokens (teacher-forced, on the traffic below)."""
+    drafter = make_hf_model(name, seed=0)
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for parameter in drafter.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * 0.15)
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """(name, export mode or None) -> (target, directory the drafter is served from, the drafter as
+    transformers runs it: for an FP8 export, compressed-tensors' own decompression of it)."""
+    made = {}
+
+    def get(name: str = "gqa2-untied", mode: str | None = None):
+        if (name, mode) not in made:
+            drafter = perturbed_copy(name)
+            directory = tmp_path_factory.mktemp("drafter")
+            drafter.save_pretrained(directory)
+            if mode is not None:
+                from export.__main__ import run_export
+
+                run_export(str(directory), directory.parent / f"{directory.name}-{mode}", mode)
+                directory = directory.parent / f"{directory.name}-{mode}"
+                drafter = oracle(directory, quantized=True)
+            made[name, mode] = (make_hf_model(name, seed=0), directory, drafter)
+        return made[name, mode]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs()
+
+
+def traffic(target, num_sessions: int = 24, length: int = 48) -> TrafficBuffer:
+    """What the target emits for a few prompts many conversations share, fed as rounds of k = 4."""
+    buffer = TrafficBuffer(max_tokens=100_000, context_window=16, held_out_every=4)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (20,), generator=generator).tolist() for _ in range(3)]
+    outputs = [hf_greedy(target, prompt, length) for prompt in prompts]
+    for session in range(num_sessions):
+        prompt, output = prompts[session % 3], outputs[session % 3]
+        context = prompt + output
+        for start in range(0, length, K):  # each round: K - 1 kept drafts and the target's own token
+            buffer.add(f"s{session}", torch.tensor(context).numpy(), len(prompt) + start, K - 1, K)
+    return buffer
+
+
+def cycle_for(engine: Engine, buffer: TrafficBuffer, **settings) -> Cycle:
+    loaded = engine.loaded
+    return Cycle(
+        CycleSettings(**settings),
+        buffer,
+        source_hf_config(loaded),
+        source_tensors(loaded, torch.float32),
+        loaded.quantization,
+        torch.float32,
+        engine.swap_weights,
+    )
+
+
+def run_until_decided(cycle: Cycle, limit: int = 50) -> str:
+    for _ in range(limit):
+        decision = cycle.work(lambda: False)
+        if decision is not None:
+            return decision
+    raise AssertionError("no decision")
+
+
+def oracle(directory, quantized: bool = False):
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    options = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if quantized else {}
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **options).eval()
+
+
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
+@pytest.mark.parametrize(
+    ("name", "mode"), [("gqa2-untied", None), ("qwen2-gqa2-tied", None), ("gqa2-untied", "weight-only")]
+)
+def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
+    name, mode, pairs, tmp_path, one_thread
+):
+    """Qwen3 and Qwen2 (biases), unquantized and FP8 weight-only (the candidate quantized by the export's
+    code, the saved version read back by compressed-tensors)."""
+    target, directory, drafter = pairs(name, mode)
+    engine = Engine.load(str(directory), CONFIG)
+    quantization = engine.loaded.quantization
+    buffer = traffic(target)
+    cycle = cycle_for(engine, buffer, steps_per_candidate=40, learning_rate=1e-3, step_tokens=64)
+    assert cycle.has_work()
+    assert run_until_decided(cycle) == "swapped"
+    described = cycle.describe()
+    assert described["version"] == 1 and described["swaps"] == 1 and engine.weights_version == 1
+    scores = described["last_candidate"]
+    assert scores["candidate"]["tokens_per_round"] > scores["live"]["tokens_per_round"] * 1.02
+
+    write_version(
+        tmp_path / "v1",
+        cycle.live.tensors,
+        version_config(source_hf_config(engine.loaded), quantization, torch.float32),
+    )
+    version_1 = oracle(tmp_path / "v1", quantized=mode is not None)
+    generator = torch.Generator().manual_seed(9)
+    contexts = [torch.randint(0, 512, (n,), generator=generator).tolist() for n in (6, 30)]
+    contexts.append(buffer.held_out[0].tokens[:30])  # traffic it was scored on: it learned the target here
+    assert [engine.draft(c, K) for c in contexts] == [hf_greedy(version_1, c, K) for c in contexts]
+    assert [engine.draft(c, K) for c in contexts] != [hf_greedy(drafter, c, K) for c in contexts]
+
+    # Rollback: live acceptance of version 1 falls short of version 0's: version 0 again, exactly.
+    for _ in range(64):
+        cycle.observe(0, 3, K)  # the rounds version 0 drafted: 4 tokens each
+        cycle.observe(1, 1, K)  # version 1's: 2 tokens each
+    assert cycle.rollback_due and cycle.work(lambda: True) == "rolled back"
+    assert cycle.describe()["version"] == 0 and cycle.describe()["rollbacks"] == 1
+    assert [engine.draft(c, K) for c in contexts] == [hf_greedy(drafter, c, K) for c in contexts]
+
+
+def test_a_candidate_no_better_is_never_swapped_in(pair, one_thread):
+    target, directory, drafter = pair
+    engine = Engine.load(str(directory), CONFIG)
+    prompt = list(range(40))
+    before = engine.draft(prompt, K)
+    cycle = cycle_for(engine, traffic(target), steps_per_candidate=4, learning_rate=0.0)  # the live weights
+    assert run_until_decided(cycle) == "rejected"
+    last = cycle.describe()["last_candidate"]
+    assert last["candidate"] == last["live"] and last["swapped"] is False
+    cycle = cycle_for(engine, traffic(target), steps_per_candidate=4, learning_rate=3.0)  # wrecked weights
+    assert run_until_decided(cycle) == "rejected"
+    assert engine.weights_version == 0 and engine.draft(prompt, K) == before == hf_greedy(drafter, prompt, K)
+
+
+def test_work_stops_for_a_request_between_steps_and_inside_one(pair, one_thread):
+    target, directory, _ = pair
+    engine = Engine.load(str(directory), CONFIG)
+    cycle = cycle_for(engine, traffic(target), steps_per_candidate=8)
+    assert cycle.work(lambda: True) is None and cycle.counters.training_steps == 0
+    assert cycle.work(lambda: cycle.counters.training_steps >= 3) is None
+    assert cycle.counters.training_steps == 3 and engine.weights_version == 0
+
+    # A request arriving inside a step, before its second decoder layer's forward, then before its first
+    # chunk of logits: the step is dropped and no weight moves.
+    before = cycle.trainer.state()
+    num_layers = len(cycle.trainer.model.model.layers)
+    for cut_at in (3, num_layers + 2):  # stop() is asked by the loop, then before each layer's forward,
+        stop, asked = stopping_at(cut_at)  # each chunk of logits and each layer's backward
+        assert cycle.work(stop) is None and len(asked) == cut_at
+        assert cycle.counters.training_steps == 3
+        assert all(torch.equal(before[name], tensor) for name, tensor in cycle.trainer.state().items())
+    assert cycle.work(lambda: cycle.counters.training_steps >= 4) is None  # and it goes on from there
+
+
+def stopping_at(num_calls: int):
+    """A stop() that turns true at its `num_calls`-th call, and the list of its calls."""
+    asked = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return len(asked) >= num_calls
+
+    return stop, asked

@@ -71,7 +71,7 @@ def test_export_of_qwen2_keeps_its_family_biases_and_untied_lm_head(exported_qwe
             assert torch.equal(tensors[name], parameter.detach().to(torch.bfloat16)), name
     hf = json.loads((directory / "config.json").read_text())
     assert hf["architectures"] == ["Qwen2ForCausalLM"] and hf["quantization_config"]["ignore"] == ["lm_head"]
-    assert quantization_from_config(hf["quantization_config"]) == f"fp8-{mode}"
+    assert quantization_from_config(hf["quantization_config"]) == (f"fp8-{mode}", "tensor")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -104,7 +104,7 @@ def test_export_config_is_what_compressed_tensors_expects(exported, mode):
         assert acts.dynamic and acts.symmetric
     else:
         assert scheme.input_activations is None
-    assert quantization_from_config(hf["quantization_config"]) == f"fp8-{mode}"
+    assert quantization_from_config(hf["quantization_config"]) == (f"fp8-{mode}", "tensor")
 
 
 def test_export_report_says_what_was_measured(exported):

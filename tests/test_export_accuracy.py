@@ -1,6 +1,7 @@
 """How close an FP8 export stays to the unquantized model: the engine's drafts and next tokens agree with
 the original's (tiny preset and a larger random model), and transformers with compressed-tensors
-decompresses the checkpoint to the same weights and, weight-only, the same logits and drafts."""
+decompresses the checkpoint (per-tensor or per-channel weight scales) to the same weights and, weight-only,
+the same logits and drafts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from engine.engine import Engine
 from engine.model.config import ARCHITECTURES
 from engine.model.loader import load_model
 from export.__main__ import run_export
-from tests.export_helpers import ENGINE, EXPORTS, MODES, linear_names
+from tests.export_helpers import ENGINE, EXPORTS, MODES, WEIGHT_SCALES, export_fixture, linear_names
 from tests.oracle import fresh_forward, hf_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -106,16 +107,17 @@ def test_export_larger_model_drafts_agree_with_unquantized(larger):
 
 
 @pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
+@pytest.mark.parametrize("weight_scales", WEIGHT_SCALES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", list(EXPORTS))
-def test_export_transformers_decompresses_it_to_the_same_model(request, family, mode):
+def test_export_transformers_decompresses_it_to_the_same_model(request, family, mode, weight_scales):
     """The independent oracle: transformers + compressed-tensors dequantizes our checkpoint itself; its
     weights are exactly fp8 x scale (its Qwen2 biases exactly ours, bf16) and its greedy drafts are the
     engine's (weight-only: the same math; dynamic: transformers runs the weights unquantized-activation,
     so only most tokens agree)."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    directory, _ = request.getfixturevalue(EXPORTS[family])[mode]
+    directory, _ = request.getfixturevalue(export_fixture(family, weight_scales))[mode]
     oracle = AutoModelForCausalLM.from_pretrained(
         directory, quantization_config=CompressedTensorsConfig(run_compressed=False), dtype=torch.float32
     ).eval()
@@ -135,7 +137,7 @@ def test_export_transformers_decompresses_it_to_the_same_model(request, family, 
     agreement = (
         torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(theirs, ours, strict=True)]).float().mean()
     )
-    print(f"\n{family} {mode}: engine's next token equals transformers' at {agreement:.1%} of positions")
+    print(f"\n{family} {mode} {weight_scales}: engine's next token equals transformers' at {agreement:.1%}")
     if mode == "weight-only":  # the same math: the same logits, the same drafts
         for a, b in zip(theirs, ours, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)

@@ -48,7 +48,12 @@ class FP8Linear(nn.Module):
     is "tensor" (one scale) or "channel" (one per output row)."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, device=None, weight_scales="tensor"
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        device=None,
+        weight_scales: str = "tensor",
     ):
         super().__init__()
         if weight_scales not in WEIGHT_SCALES:

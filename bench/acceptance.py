@@ -182,7 +182,9 @@ def run(args) -> dict:
             "dtype": args.dtype,
             "num_prompts": {workload: len(p) for workload, p in prompts.items()},
             "target_costs_told_to_server": target_costs,
-            "drafter": {key: info.get(key) for key in ("model", "quantization", "device", "dtype")},
+            "drafter": {
+                key: info.get(key) for key in ("model", "quantization", "weight_scales", "device", "dtype")
+            },
             "gpu_models": [gpu.as_dict() for gpu in args.gpus],
             "versions": {name: metadata.version(name) for name in ("torch", "transformers")},
         },

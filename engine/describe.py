@@ -33,6 +33,7 @@ def describe(engine) -> dict:
         "max_draft_tokens": cfg.max_draft_tokens,
         "max_batch_size": cfg.max_batch_size,
         "quantization": engine.loaded.quantization,
+        "weight_scales": engine.loaded.weight_scales,  # FP8: "tensor" or "channel"; None unquantized
         "device": cfg.device,
         "dtype": cfg.dtype,
         "compile": cfg.compile,

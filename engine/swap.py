@@ -27,7 +27,8 @@ def check_weights(
 ) -> dict[str, dict[str, torch.Tensor]]:
     """A checkpoint's `tensors` (the served layout) cast as the model holds them, by module; or LoadError if
     they do not fit the model (names, shapes, fp8 dtypes). Nothing is written."""
-    expected = build_empty(loaded.config, loaded.quantization)  # on the meta device: shapes and dtypes only
+    # On the meta device: shapes and dtypes only (an FP8 scale per tensor or per channel, as loaded).
+    expected = build_empty(loaded.config, loaded.quantization, loaded.weight_scales)
     by_module: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
     for name, tensor in check_and_cast(expected, dict(tensors), dtype, device).items():
         module, attribute = name.rsplit(".", 1)

@@ -1,5 +1,5 @@
-"""`python -m export SRC DST [--mode weight-only|dynamic] [--force]`: an FP8 per-tensor checkpoint of a
-        help="Qwen3 or Qwen2 directory, GGUF file, hub id (owner/name), or preset (tiny, bench-cpu, qwen3-0.6b-random)",
+"""`python -m export SRC DST [--mode weight-only|dynamic] [--scales tensor|channel] [--force]`: an FP8
+checkpoint of a Qwen3 or Qwen2 model, with one weight scale per linear or one per output channel.
 
 Writes `DST/config.json`, `DST/model.safetensors`, the tokenizer files and `DST/report.json` (quantization
 error against the unquantized model). Bad input exits non-zero with one line saying why.
@@ -21,8 +21,15 @@ for noisy in ("torchao", "torch.utils._pytree"):
 log = logging.getLogger("export")
 
 
-def run_export(source: str, destination: str | Path, mode: str = "weight-only", force: bool = False) -> dict:
-    """Export `source` to `destination`; return the report (also written to `destination/report.json`)."""
+def run_export(
+    source: str,
+    destination: str | Path,
+    mode: str = "weight-only",
+    force: bool = False,
+    weight_scales: str = "tensor",
+) -> dict:
+    """Export `source` to `destination` with `weight_scales` ("tensor" or "channel") fp8 weight scales;
+    return the report (also written to `destination/report.json`)."""
     import torch
     import transformers
 
@@ -37,11 +44,13 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
         staged_directory,
         write_checkpoint,
     )
-    from export.quantize import MODES, quantize_layers
+    from export.quantize import MODES, WEIGHT_SCALES, quantize_layers
     from export.report import build_report, compare_logits, log_summary, make_prompts, prompt_logits
 
     if mode not in MODES:
         raise ExportError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    if weight_scales not in WEIGHT_SCALES:
+        raise ExportError(f"unknown scales {weight_scales!r}; expected one of {', '.join(WEIGHT_SCALES)}")
     destination = Path(destination).expanduser()
     if destination.exists() and not force:  # before any download or work; checked again when writing
         raise ExportError(f"destination {str(destination)!r} already exists; pass --force to replace it")
@@ -62,13 +71,14 @@ def run_export(source: str, destination: str | Path, mode: str = "weight-only", 
             model = model_class.from_pretrained(directory, dtype=torch.bfloat16).eval()
             prompts = make_prompts(directory, model.config.vocab_size)
             reference = prompt_logits(model, prompts)
-            weight_errors = quantize_layers(model)
+            weight_errors = quantize_layers(model, weight_scales)
             logits = compare_logits(reference, prompt_logits(model, prompts))
-            write_checkpoint(staging, model, hf_config, mode, directory)
-            report = build_report(source, mode, weight_errors, logits, size_of(directory), size_of(staging))
+            write_checkpoint(staging, model, hf_config, mode, directory, weight_scales)
+            sizes = size_of(directory), size_of(staging)
+            report = build_report(source, mode, weight_scales, weight_errors, logits, *sizes)
             (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     log_summary(report)
-    log.info("wrote %s (%s)", destination, mode)
+    log.info("wrote %s (%s, %s weight scales)", destination, mode, weight_scales)
     return report
 
 
@@ -81,6 +91,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("destination", metavar="DST", help="directory to create")
     parser.add_argument("--mode", default="weight-only", help="weight-only (default) or dynamic")
+    parser.add_argument(
+        "--scales",
+        default="tensor",
+        help="fp8 weight scales: tensor (default; one per linear) or channel (one per output row, "
+        "compressed-tensors' strategy 'channel': closer weights where rows differ in magnitude)",
+    )
     parser.add_argument("--force", action="store_true", help="replace DST if it exists")
     return parser.parse_args(argv)
 
@@ -91,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from export.checkpoint import ExportError
 
     try:
-        run_export(args.source, args.destination, args.mode, args.force)
+        run_export(args.source, args.destination, args.mode, args.force, args.scales)
     except ExportError as error:
         print(f"export: error: {error}", file=sys.stderr)
         return 2

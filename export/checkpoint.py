@@ -1,7 +1,8 @@
 """The FP8 checkpoint on disk: where the source comes from, and what the destination holds.
 
 A destination is `config.json` (the source's HF config plus a compressed-tensors `quantization_config`),
-`model.safetensors` (fp8 `.weight` + float32 `[1]` `.weight_scale` per decoder linear, bf16 for the rest
+`model.safetensors` (fp8 `.weight` + float32 `.weight_scale` per decoder linear, `[1]` per tensor or `[out, 1]`
+per channel, bf16 for the rest
 (Qwen2's q/k/v `.bias` included, beside its linear's fp8 weight, as compressed-tensors and vLLM read it),
 no lm_head when it is tied) and the source's tokenizer files. It is written into a temporary directory next
 to the destination and renamed into place at the end, so a failure never leaves a half-written one.
@@ -108,10 +109,12 @@ def check_source(directory: Path) -> dict:
     return hf
 
 
-def quantization_config(mode: str) -> dict:
-    """compressed-tensors' layout for FP8 per-tensor weights, with dynamic per-tensor fp8 activations in
-    the `dynamic` mode and none in `weight-only`."""
-    weights = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True, "dynamic": False}
+def quantization_config(mode: str, weight_scales: str = "tensor") -> dict:
+    """compressed-tensors' layout for FP8 weights with one scale per tensor or per output channel
+    (`weight_scales`: the weights' "strategy"), with dynamic per-tensor fp8 activations in the `dynamic`
+    mode and none in `weight-only`. (Dynamic activations need no stored scale, so "tensor" is valid beside
+    either weight strategy: compressed-tensors parses it and vLLM runs it; vLLM quantizes them per token.)"""
+    weights = {"num_bits": 8, "type": "float", "strategy": weight_scales, "symmetric": True, "dynamic": False}
     activations = None
     if mode == "dynamic":
         activations = {
@@ -159,8 +162,10 @@ def checkpoint_tensors(model, show_progress: bool = True) -> dict[str, torch.Ten
     return tensors
 
 
-def write_checkpoint(directory: Path, model, hf_config: dict, mode: str, source: Path) -> None:
-    config = {**hf_config, "quantization_config": quantization_config(mode)}
+def write_checkpoint(
+    directory: Path, model, hf_config: dict, mode: str, source: Path, weight_scales: str = "tensor"
+) -> None:
+    config = {**hf_config, "quantization_config": quantization_config(mode, weight_scales)}
     for key in [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]:
         config[key] = "bfloat16"
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -1,6 +1,7 @@
 """The closing report of an export: how far the FP8 model is from the unquantized one.
 
-Weight error per linear and overall (relative Frobenius norm), logit error and greedy next-token agreement
+Weight error per linear and overall (relative Frobenius norm) with the scales the export chose (one per
+tensor or one per output channel), logit error and greedy next-token agreement
 on a fixed set of prompts (teacher-forced: at every position, does the FP8 model's argmax equal the
 unquantized model's?), and the size of the weights before and after.
 """
@@ -61,12 +62,19 @@ def compare_logits(reference: list[torch.Tensor], quantized: list[torch.Tensor])
 
 
 def build_report(
-    source: str, mode: str, weight_errors: dict[str, float], logits: dict, size_before: int, size_after: int
+    source: str,
+    mode: str,
+    weight_scales: str,
+    weight_errors: dict[str, float],
+    logits: dict,
+    size_before: int,
+    size_after: int,
 ) -> dict:
     errors = list(weight_errors.values())
     return {
         "source": source,
         "mode": mode,
+        "weight_scales": weight_scales,  # "tensor" or "channel": what the weight errors below come from
         "num_quantized_linears": len(errors),
         "weight_relative_error": {
             "overall_mean": sum(errors) / len(errors),
@@ -84,8 +92,9 @@ def log_summary(report: dict) -> None:
     weights, logits, sizes = report["weight_relative_error"], report["logits"], report["size_bytes"]
     worst = max(weights["per_linear"], key=weights["per_linear"].get)
     log.info(
-        "weights: %d linears, relative error mean %.4f, max %.4f (%s)",
+        "weights: %d linears, one scale per %s, relative error mean %.4f, max %.4f (%s)",
         report["num_quantized_linears"],
+        report["weight_scales"],
         weights["overall_mean"],
         weights["max"],
         worst,

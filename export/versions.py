@@ -27,11 +27,16 @@ QUANTIZED_SUFFIXES = tuple(f".{name}.weight" for name in LINEAR_NAMES)
 
 
 def served_tensors(
-    state: dict[str, torch.Tensor], quantization: str, dtype: torch.dtype, tied: bool
+    state: dict[str, torch.Tensor],
+    quantization: str,
+    dtype: torch.dtype,
+    tied: bool,
+    weight_scales: str = "tensor",
 ) -> dict[str, torch.Tensor]:
     """`state` (transformers' names, any float dtype) as a checkpoint of the served mode holds it:
     `quantization` is the engine's ("none", "fp8-weight-only", "fp8-dynamic"), `dtype` the unquantized
-    served dtype, `tied` whether lm_head is the embedding (then it is not stored)."""
+    served dtype, `tied` whether lm_head is the embedding (then it is not stored), `weight_scales` the FP8
+    scales' grain ("tensor" or "channel", as the served checkpoint's)."""
     if quantization != "none" and quantization not in EXPORT_MODES:
         raise ValueError(f"unknown quantization {quantization!r}")
     if quantization != "none":
@@ -45,13 +50,17 @@ def served_tensors(
         if quantization == "none":
             tensors[name] = tensor.to(dtype).contiguous()
         elif name.startswith("model.layers.") and name.endswith(QUANTIZED_SUFFIXES):
-            tensors[name], tensors[name + "_scale"] = quantize_weight(tensor.to(torch.bfloat16))
+            tensors[name], tensors[name + "_scale"] = quantize_weight(
+                tensor.to(torch.bfloat16), weight_scales
+            )
         else:
             tensors[name] = tensor.to(torch.bfloat16).contiguous()
     return tensors
 
 
-def version_config(hf_config: dict, quantization: str, dtype: torch.dtype) -> dict:
+def version_config(
+    hf_config: dict, quantization: str, dtype: torch.dtype, weight_scales: str = "tensor"
+) -> dict:
     """The config.json of a version: the served model's HF config, with the served mode's
     quantization_config (none when unquantized) and the dtype its unquantized tensors are stored in."""
     from export.checkpoint import quantization_config
@@ -61,7 +70,7 @@ def version_config(hf_config: dict, quantization: str, dtype: torch.dtype) -> di
     for key in [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]:
         config[key] = DTYPE_NAMES[stored]
     if quantization != "none":
-        config["quantization_config"] = quantization_config(EXPORT_MODES[quantization])
+        config["quantization_config"] = quantization_config(EXPORT_MODES[quantization], weight_scales)
     return config
 
 

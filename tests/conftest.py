@@ -1,5 +1,6 @@
 """Shared test fixtures: tiny random transformers Qwen3 and Qwen2 checkpoints (the oracle) written to temp
-dirs, and the tiny preset and a Qwen2 checkpoint exported to FP8 in both modes."""
+dirs, and the tiny preset and a Qwen2 checkpoint exported to FP8 in both modes, with per-tensor and (the
+`_channel` fixtures) per-channel weight scales."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def export_both_modes(source: str, root: Path) -> dict:
+def export_both_modes(source: str, root: Path, weight_scales: str = "tensor") -> dict:
     """mode -> (directory, report) of `source` exported with `python -m export`'s run_export."""
     from export.__main__ import run_export
     from tests.export_helpers import MODES
@@ -69,7 +70,10 @@ def export_both_modes(source: str, root: Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return {mode: (root / mode, run_export(source, root / mode, mode)) for mode in MODES}
+        return {
+            mode: (root / mode, run_export(source, root / mode, mode, weight_scales=weight_scales))
+            for mode in MODES
+        }
     finally:
         torch.set_num_threads(threads)
 
@@ -85,6 +89,19 @@ def exported_qwen2(hf_checkpoint, tmp_path_factory):
     """mode -> (directory, report) of a Qwen2 checkpoint (untied, odd sizes, q/k/v biases) exported to FP8."""
     _, directory = hf_checkpoint(QWEN2_EXPORT)
     return export_both_modes(str(directory), tmp_path_factory.mktemp("export-qwen2"))
+
+
+@pytest.fixture(scope="session")
+def exported_channel(tmp_path_factory):
+    """`exported` with one weight scale per output channel (`--scales channel`)."""
+    return export_both_modes("tiny", tmp_path_factory.mktemp("export-channel"), "channel")
+
+
+@pytest.fixture(scope="session")
+def exported_qwen2_channel(hf_checkpoint, tmp_path_factory):
+    """`exported_qwen2` with one weight scale per output channel (`--scales channel`)."""
+    _, directory = hf_checkpoint(QWEN2_EXPORT)
+    return export_both_modes(str(directory), tmp_path_factory.mktemp("export-qwen2-channel"), "channel")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """What the export tests share: the two modes, a small engine config, and readers of an exported checkpoint.
 The exports themselves are the session fixtures `exported` (the tiny preset) and `exported_qwen2` in
-conftest.py; `EXPORTS` names them by the family they test."""
+conftest.py, and their `_channel` twins with per-channel weight scales; `EXPORTS` names them by the family
+and weight scales they test."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ from engine.model.presets import PRESETS
 
 MODES = ("weight-only", "dynamic")
 EXPORTS = {"qwen3": "exported", "qwen2": "exported_qwen2"}  # family -> session fixture of its export
+WEIGHT_SCALES = ("tensor", "channel")
+
+
+def export_fixture(family: str, weight_scales: str) -> str:
+    """The session fixture of `family`'s export with `weight_scales`."""
+    return EXPORTS[family] + ("_channel" if weight_scales == "channel" else "")
+
+
 ENGINE = EngineConfig(max_seq_len=128, max_batch_size=1, max_draft_tokens=8)
 
 

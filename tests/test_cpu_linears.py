@@ -47,10 +47,11 @@ def test_cpu_linear_is_the_linear(dtype, kind, rows):
     torch.testing.assert_close(linear(x), F.linear(x, weight, bias), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fp8_weight_only_on_cpu_is_the_dequantized_product(dtype, bias):
-    fp8, _ = make_linear(FP8Linear, 64, 48, bias=bias, dtype=dtype)
+def test_fp8_weight_only_on_cpu_is_the_dequantized_product(dtype, bias, weight_scales):
+    fp8, _ = make_linear(FP8Linear, 64, 48, bias=bias, dtype=dtype, weight_scales=weight_scales)
     model = torch.nn.Sequential(copy.deepcopy(fp8))
     use_cpu_linears(model, dtype)
     assert isinstance(model[0], CpuLinear)
@@ -59,10 +60,11 @@ def test_fp8_weight_only_on_cpu_is_the_dequantized_product(dtype, bias):
     torch.testing.assert_close(model[0](x), fp8(x), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(64, 48), (200, 24)])
-def test_fp8_dynamic_on_cpu_is_scaled_mm_s_product(shape, bias):
-    dynamic, _ = make_linear(FP8DynamicLinear, *shape, bias=bias)
+def test_fp8_dynamic_on_cpu_is_scaled_mm_s_product(shape, bias, weight_scales):
+    dynamic, _ = make_linear(FP8DynamicLinear, *shape, bias=bias, weight_scales=weight_scales)
     x = torch.randn(7, 3, shape[0])
     torch.testing.assert_close(CpuDynamicFP8Linear(dynamic)(x), dynamic(x), rtol=1e-5, atol=1e-5)
 

@@ -48,6 +48,11 @@ def test_export_cli_unknown_mode(tmp_path, capsys):
     assert not (tmp_path / "dst").exists() and leftovers(tmp_path) == []
 
 
+def test_export_cli_unknown_scales(tmp_path, capsys):
+    fails(["tiny", str(tmp_path / "dst"), "--scales", "group"], capsys, "unknown scales 'group'")
+    assert not (tmp_path / "dst").exists() and leftovers(tmp_path) == []
+
+
 def test_export_cli_refuses_an_existing_destination_without_force(tmp_path, capsys):
     destination = tmp_path / "dst"
     destination.mkdir()
@@ -86,7 +91,17 @@ def test_export_failure_midway_leaves_no_half_written_destination(tmp_path, monk
 def test_export_cli_runs_cleanly_as_a_module(tmp_path):
     destination = tmp_path / "fp8"
     result = subprocess.run(
-        [sys.executable, "-m", "export", "tiny", str(destination), "--mode", "dynamic"],
+        [
+            sys.executable,
+            "-m",
+            "export",
+            "tiny",
+            str(destination),
+            "--mode",
+            "dynamic",
+            "--scales",
+            "channel",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -96,6 +111,9 @@ def test_export_cli_runs_cleanly_as_a_module(tmp_path):
     assert result.returncode == 0, output
     for noise in ("Traceback", "_C_mxfp8", "Failed to load", "register_constant", "Warning"):
         assert noise not in output, output
-    assert "greedy next-token agreement" in output and f"wrote {destination}" in output
-    config = json.loads((destination / "config.json").read_text())
-    assert config["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"] is True
+    assert "greedy next-token agreement" in output and "one scale per channel" in output
+    assert f"wrote {destination} (dynamic, channel weight scales)" in output
+    group = json.loads((destination / "config.json").read_text())["quantization_config"]["config_groups"][
+        "group_0"
+    ]
+    assert group["input_activations"]["dynamic"] is True and group["weights"]["strategy"] == "channel"

@@ -13,6 +13,7 @@ from engine.model.fp8 import (
     FP8_DTYPE,
     FP8DynamicLinear,
     FP8Linear,
+    FP8Scheme,
     quantization_from_config,
     quantize_per_row,
     servable_quantization,
@@ -24,11 +25,16 @@ from engine.model.qwen3 import Qwen3
 from export.checkpoint import quantization_config
 
 
-def make_linear(cls, in_features=64, out_features=48, seed=0, bias=False, dtype=torch.float32):
+def make_linear(
+    cls, in_features=64, out_features=48, seed=0, bias=False, dtype=torch.float32, weight_scales="tensor"
+):
+    """An FP8 linear of a random weight quantized with `weight_scales` ("channel": each row's amax differs,
+    so a scale applied to the wrong axis shows)."""
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, in_features, generator=generator) * 0.3
-    scale = (weight.abs().amax() / 448).reshape(1)
-    linear = cls(in_features, out_features, bias)
+    amax = weight.abs().amax().reshape(1) if weight_scales == "tensor" else weight.abs().amax(1, keepdim=True)
+    scale = amax / 448  # [1] or [out, 1]
+    linear = cls(in_features, out_features, bias, weight_scales=weight_scales)
     linear.weight.data = (weight / scale).clamp(-448, 448).to(FP8_DTYPE)
     linear.weight_scale.copy_(scale)
     if bias:  # Qwen2's q/k/v: a bias in the activation dtype beside the fp8 weight, as the loader casts it
@@ -36,13 +42,16 @@ def make_linear(cls, in_features=64, out_features=48, seed=0, bias=False, dtype=
     return linear, weight
 
 
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_weight_only_matches_dequantized_matmul(dtype, bias):
-    linear, _ = make_linear(FP8Linear, bias=bias, dtype=dtype)
+def test_fp8_weight_only_matches_dequantized_matmul(dtype, bias, weight_scales):
+    linear, weight = make_linear(FP8Linear, bias=bias, dtype=dtype, weight_scales=weight_scales)
     x = torch.randn(2, 3, 64, dtype=dtype)
     expected = F.linear(x, (linear.weight.float() * linear.weight_scale).to(dtype), linear.bias)
     torch.testing.assert_close(linear(x), expected, rtol=0, atol=0)
+    # each row scaled by its own scale: the dequantized weight is the original within fp8's rounding
+    torch.testing.assert_close(linear.dequantized_weight(torch.float32), weight, rtol=2**-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -55,10 +64,11 @@ def test_fp8_weight_only_multiply_reduce_is_the_matmuls_product(dtype, bias):
     torch.testing.assert_close(linear.multiply_reduce(x), linear(x), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(64, 48), (200, 24)])  # odd sizes too: CPU _scaled_mm takes them
-def test_fp8_dynamic_matches_emulated_scaled_mm(shape, bias):
-    linear, weight = make_linear(FP8DynamicLinear, *shape, bias=bias)
+def test_fp8_dynamic_matches_emulated_scaled_mm(shape, bias, weight_scales):
+    linear, weight = make_linear(FP8DynamicLinear, *shape, bias=bias, weight_scales=weight_scales)
     x = torch.randn(5, shape[0])
     x_q, x_scale = quantize_per_row(x)
     emulated = F.linear(x_q.float() * x_scale, linear.weight.float() * linear.weight_scale, linear.bias)
@@ -79,20 +89,23 @@ def test_fp8_activation_quantization_is_per_row_and_safe_on_zeros():
     assert torch.equal(zero_q.float(), torch.zeros(3, 8))
 
 
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
 @pytest.mark.parametrize("quantization", ["fp8-weight-only", "fp8-dynamic"])
-def test_fp8_swap_declares_the_checkpoint_layout(quantization, family):
+def test_fp8_swap_declares_the_checkpoint_layout(quantization, family, weight_scales):
     config = dataclasses.replace(PRESETS["tiny"], family=family)
     with torch.device("meta"):
         model = Qwen3(config)
-    swap_fp8_linears(model, quantization)
+    swap_fp8_linears(model, quantization, weight_scales)
     state = model.state_dict()
     linears = [n for n in state if n.endswith("_proj.weight")]
     assert len(linears) == 7 * config.num_hidden_layers
     for name in linears:
         assert state[name].dtype == FP8_DTYPE and state[name].is_meta
         scale = state[name.replace(".weight", ".weight_scale")]
-        assert scale.dtype == torch.float32 and scale.shape == (1,)
+        out_features = state[name].shape[0]
+        assert scale.dtype == torch.float32
+        assert scale.shape == ((1,) if weight_scales == "tensor" else (out_features, 1))  # compressed-tensors
     others = [n for n in state if not n.endswith(("_proj.weight", "_scale"))]
     assert all(state[n].dtype != FP8_DTYPE for n in others)
     assert state["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)  # [out, in]
@@ -112,11 +125,21 @@ def test_fp8_swap_refuses_unknown_kind():
         model = Qwen3(PRESETS["tiny"])
     with pytest.raises(LoadError, match="unknown quantization 'int4'"):
         swap_fp8_linears(model, "int4")
+    with pytest.raises(LoadError, match="unknown weight scales 'group'"):
+        swap_fp8_linears(model, "fp8-dynamic", "group")
 
 
-def test_fp8_config_kinds_from_our_export():
-    assert quantization_from_config(quantization_config("weight-only")) == "fp8-weight-only"
-    assert quantization_from_config(quantization_config("dynamic")) == "fp8-dynamic"
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
+@pytest.mark.parametrize("mode", ["weight-only", "dynamic"])
+def test_fp8_config_schemes_from_our_export(mode, weight_scales):
+    scheme = quantization_from_config(quantization_config(mode, weight_scales))
+    assert scheme == FP8Scheme(f"fp8-{mode}", weight_scales)
+
+
+def mixed_scales() -> dict:
+    """A second group with per-channel weights beside a per-tensor one."""
+    group = quantization_config("weight-only", "channel")["config_groups"]["group_0"]
+    return group | {"targets": ["Linear"]}
 
 
 def edited(mode, edit):
@@ -131,13 +154,15 @@ def edited(mode, edit):
         ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq'"),
         (edited("weight-only", lambda c, g: c.update(format="pack-quantized")), "format 'pack-quantized'"),
         (edited("weight-only", lambda c, g: g["weights"].update(type="int")), "type='int'"),
-        (edited("weight-only", lambda c, g: g["weights"].update(strategy="channel")), "strategy='channel'"),
+        (edited("weight-only", lambda c, g: g["weights"].update(strategy="group")), "strategy='group'"),
+        (edited("dynamic", lambda c, g: g["weights"].update(strategy="block")), "strategy='block'"),
         (edited("weight-only", lambda c, g: g["weights"].update(num_bits=4)), "num_bits=4"),
         (edited("dynamic", lambda c, g: g["input_activations"].update(dynamic=False)), "dynamic=False"),
         (edited("dynamic", lambda c, g: g["input_activations"].update(strategy="token")), "strategy='token'"),
         (edited("weight-only", lambda c, g: c.update(config_groups={})), "no config_groups"),
         (edited("weight-only", lambda c, g: g.update(input_activations="fp8")), "is a str"),
         (edited("weight-only", lambda c, g: g.update(targets=["Embedding"])), "targets"),
+        (edited("weight-only", lambda c, g: c["config_groups"].update(group_1=mixed_scales())), "mixes per-"),
     ],
 )
 def test_fp8_config_refuses_what_it_cannot_run(config, message):
@@ -145,10 +170,11 @@ def test_fp8_config_refuses_what_it_cannot_run(config, message):
         quantization_from_config(config)
 
 
-def test_fp8_forwards_compile_fullgraph():
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
+def test_fp8_forwards_compile_fullgraph(weight_scales):
     torch._dynamo.reset()
-    weight_only, _ = make_linear(FP8Linear, 64, 64, seed=1)
-    dynamic, _ = make_linear(FP8DynamicLinear, 64, 64, seed=2)
+    weight_only, _ = make_linear(FP8Linear, 64, 64, seed=1, weight_scales=weight_scales)
+    dynamic, _ = make_linear(FP8DynamicLinear, 64, 64, seed=2, weight_scales=weight_scales)
 
     def both(x):
         return dynamic(weight_only(x))
@@ -159,9 +185,10 @@ def test_fp8_forwards_compile_fullgraph():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("weight_scales", ["tensor", "channel"])
 @pytest.mark.parametrize("cls", [FP8Linear, FP8DynamicLinear])
-def test_fp8_forward_has_no_host_sync_and_captures_into_a_cuda_graph(cls):
-    linear, _ = make_linear(cls, 256, 128)
+def test_fp8_forward_has_no_host_sync_and_captures_into_a_cuda_graph(cls, weight_scales):
+    linear, _ = make_linear(cls, 256, 128, weight_scales=weight_scales)
     linear = linear.cuda()
     x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
     torch.cuda.set_sync_debug_mode("error")

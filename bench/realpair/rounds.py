@@ -180,7 +180,7 @@ def earlier_outputs(args) -> tuple[list[dict], dict, float, float, dict]:
 def run(args) -> dict:
     directory = args.dir
     for drafter in args.drafters:
-        realpair.check_fetched(directory, PAIR_DRAFTERS[drafter])
+        realpair.check_fetched(directory, drafter_directory(directory, drafter).name)
     started = time.perf_counter()
     drafters = {}
     if args.outputs_from:
@@ -196,7 +196,7 @@ def run(args) -> dict:
     kinds = list(dict.fromkeys(row["kind"] for row in rows))
     gpus = [GPU_MODELS[name] for name in realpair.GPU_MODELS]
     for drafter in args.drafters:
-        tokens, draft_costs = drafter_tokens(directory / PAIR_DRAFTERS[drafter], cost_flags, rows)
+        tokens, draft_costs = drafter_tokens(drafter_directory(directory, drafter), cost_flags, rows)
         costs = dict(step_ms=step_ms, per_token_ms=per_token_ms, **draft_costs)
         drafters[drafter] = {"costs": costs, "tokens": tokens}
     results = []
@@ -301,12 +301,13 @@ def markdown(report: dict) -> str:
 
 
 def drafter_names(text: str) -> tuple[str, ...]:
-    names = tuple(text.split(","))
-    if unknown := [name for name in names if name not in PAIR_DRAFTERS]:
-        raise argparse.ArgumentTypeError(
-            f"unknown drafter {unknown[0]!r}; the pair's are {', '.join(PAIR_DRAFTERS)}"
-        )
-    return names
+    """The pair's drafters by name (weight-only, dynamic, bf16), or other exports beside them by directory
+    name (e.g. drafter-fp8-weight-only-channel, made with `python -m export ... --scales channel`)."""
+    return tuple(text.split(","))
+
+
+def drafter_directory(directory: Path, name: str) -> Path:
+    return directory / PAIR_DRAFTERS.get(name, name)
 
 
 def add_parser(commands) -> None:
@@ -324,9 +325,9 @@ def add_parser(commands) -> None:
         "--drafters",
         type=drafter_names,
         default=("weight-only",),
-        help="the pair's drafters, of "
+        help="the pair's drafters ("
         + ", ".join(PAIR_DRAFTERS)
-        + ", each on the same target outputs [weight-only]",
+        + ") or other exports in DIR by directory name, each on the same target outputs [weight-only]",
     )
     parser.add_argument(
         "--outputs-from",

@@ -73,8 +73,10 @@ class Cycle:
         dtype: torch.dtype,
         swap: Callable[[dict[str, torch.Tensor]], int],  # the engine's swap: returns its weights_version
         device="cpu",
+        weight_scales: str = "tensor",  # an FP8 checkpoint's scale grain: versions are quantized as it was
     ):
         self.settings, self.buffer, self.hf_config = settings, buffer, hf_config
+        self.weight_scales = weight_scales
         self.quantization, self.dtype, self.swap, self.device = quantization, dtype, swap, device
         self.tied = bool(hf_config.get("tie_word_embeddings"))
         self.live = Version(0, live_tensors)
@@ -161,7 +163,8 @@ class Cycle:
     def start_scoring(self) -> None:
         state = self.trainer.state()
         self.candidate = Version(
-            self.next_number, served_tensors(state, self.quantization, self.dtype, self.tied)
+            self.next_number,
+            served_tensors(state, self.quantization, self.dtype, self.tied, self.weight_scales),
         )
         # Copies: the buffer may grow an example meanwhile, and both sides must score the same tokens.
         held_out = [

@@ -52,6 +52,7 @@ def build_cycle(engine: Engine, buffer_tokens: int) -> Cycle:
         dtype,
         engine.swap_weights,
         engine.device,
+        loaded.weight_scales or "tensor",
     )
 
 
@@ -137,7 +138,7 @@ class AdaptWork:
 
     def save(self, number: int, tensors: dict) -> None:
         """Write version `number` as `DIR/v{number}/` off the event loop and the engine thread."""
-        config = version_config(self.hf_config, self.cycle.quantization, self.dtype)
+        config = version_config(self.hf_config, self.cycle.quantization, self.dtype, self.cycle.weight_scales)
         path = self.directory / f"v{number}"
 
         def write() -> None:

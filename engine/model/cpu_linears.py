@@ -24,7 +24,7 @@ fp32, +622 MB on Qwen3-0.6B); each step still reads every weight byte once.
   every call (fp8 → fp32 × scale → compute dtype), then treated as above. The CPU has no fp8 matmul that
   beats that: upcasting each weight on every call made FP8 4.5x slower than bf16;
 - FP8 dynamic checkpoints: the same product as `_scaled_mm` (fp8 × fp8, fp32 accumulation, both scales
-  after), as an fp32 matmul of the fp8 values (exact in fp32) then the scales: torch's CPU `_scaled_mm`
+  after: the row's activation scale and the weight's, per tensor or per output channel), as an fp32 matmul of the fp8 values (exact in fp32) then the scales: torch's CPU `_scaled_mm`
   made a bench-cpu call 5-8x slower than bf16.
 
 The engine uses these in eager mode only: inductor cannot lower an opaque packed weight passed as a graph
@@ -86,9 +86,10 @@ class CpuDynamicFP8Linear(nn.Module):
         self.load(linear.weight.detach(), linear.weight_scale.detach(), linear.bias)
 
     def load(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Take an fp8 `weight` [out, in], its float32 [1] scale and `bias` (at construction and on a swap)."""
+        """Take an fp8 `weight` [out, in], its float32 scale and `bias` (at construction and on a swap)."""
         self.weight_ = weight.to(torch.float32)  # fp8 values, exact in fp32
-        self.weight_scale = weight_scale
+        # [1, 1] per tensor or [1, out] per channel: it scales the columns of y either way
+        self.weight_scale = weight_scale.reshape(1, -1)
         self.bias = None if bias is None else bias.detach()  # a plain tensor, as CpuLinear's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

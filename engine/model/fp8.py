@@ -1,8 +1,9 @@
-"""FP8 linears for checkpoints written by `export/`: fp8 weights with one float32 scale per tensor.
+"""FP8 linears for checkpoints written by `export/`: fp8 weights with float32 scales per tensor or per channel.
 
 Each decoder linear keeps its weight as `float8_e4m3fn` `[out, in]` (1 byte a parameter, never a full-precision
-copy) and its `weight_scale` as float32 `[1]`, real weight ≈ fp8 × scale, which is the compressed-tensors
-"float-quantized" per-tensor layout vLLM and SGLang read. Two forwards:
+copy) and its `weight_scale` as float32, `[1]` (one per tensor) or `[out, 1]` (one per output channel, i.e.
+per weight row), real weight ≈ fp8 × scale, which are the compressed-tensors "float-quantized" layouts of
+weight strategies "tensor" and "channel" that vLLM and SGLang read. Two forwards:
 - weight-only: torchao's float8 weight-only math (upcast the fp8 weight, scale, matmul in the activation
   dtype), written as plain ops. Compiled on CUDA, a decode step's few rows (<= MAX_FUSED_ROWS: every batch
   bucket) are a multiply-and-reduce instead of a matmul, so inductor fuses the upcast into one kernel that
@@ -18,10 +19,13 @@ copy) and its `weight_scale` as float32 `[1]`, real weight ≈ fp8 × scale, whi
   are computed at run time, and a finer grain only rounds each row closer to its own values.
 Both are pure tensor code: no `.item()`, no host syncs, so they compile with fullgraph and capture into CUDA
 graphs. The loader calls `quantization_from_config` on `config.json` and `swap_fp8_linears` on the empty
-(meta-device) model before it checks and assigns the checkpoint's tensors.
+(meta-device) model before it checks and assigns the checkpoint's tensors, so a `weight_scale` whose shape
+is not the one the config's weight strategy declares is refused there.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,23 +38,39 @@ FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
 LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 LINEAR_NAMES += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 QUANTIZATIONS = ("fp8-weight-only", "fp8-dynamic")
+WEIGHT_SCALES = ("tensor", "channel")  # compressed-tensors' weight strategies we serve
 MAX_FUSED_ROWS = 8  # rows up to which compiled CUDA weight-only linears multiply-reduce (decode batches)
 MIN_ACTIVATION_AMAX = 1e-12  # an all-zero activation gets a tiny scale instead of 0/0
 
 
 class FP8Linear(nn.Module):
-    """Weight-only FP8 linear: y = x @ (fp8 weight × scale)ᵀ (+ bias), computed in x's dtype."""
+    """Weight-only FP8 linear: y = x @ (fp8 weight × scale)ᵀ (+ bias), computed in x's dtype. `weight_scales`
+    is "tensor" (one scale) or "channel" (one per output row)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, device=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        device=None,
+        weight_scales: str = "tensor",
+    ):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        if weight_scales not in WEIGHT_SCALES:
+            raise LoadError(f"unknown weight scales {weight_scales!r}; expected one of {WEIGHT_SCALES}")
+        self.in_features, self.out_features, self.weight_scales = in_features, out_features, weight_scales
         weight = torch.empty(out_features, in_features, dtype=FP8_DTYPE, device=device)
         self.weight = nn.Parameter(weight, requires_grad=False)  # [out, in] float8_e4m3fn
-        self.register_buffer("weight_scale", torch.ones(1, dtype=torch.float32, device=device))  # [1]
+        scale_shape = (1,) if weight_scales == "tensor" else (out_features, 1)
+        self.register_buffer("weight_scale", torch.ones(scale_shape, dtype=torch.float32, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, device=device)) if bias else None
 
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:  # [out, in]
         return dequantize(self.weight, self.weight_scale, dtype)
+
+    def scale_per_output(self) -> torch.Tensor:  # [1, out]
+        """The weight's scale of each output column of y, as row-wise scaled matmuls take it (`scale_b`)."""
+        return self.weight_scale.reshape(1, -1).expand(1, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
         if x.is_cuda and torch.compiler.is_compiling() and x.numel() // self.in_features <= MAX_FUSED_ROWS:
@@ -69,7 +89,8 @@ class FP8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"weight_scales={self.weight_scales}"
         )
 
 
@@ -88,8 +109,7 @@ class FP8DynamicLinear(FP8Linear):
                 x_q,
                 self.weight.t(),  # [in, out], column-major as cuBLAS wants it
                 scale_a=x_scale,
-                # row-wise scaling wants a scale per output column; ours is one per tensor, broadcast
-                scale_b=self.weight_scale.expand(1, self.out_features).contiguous(),
+                scale_b=self.scale_per_output().contiguous(),
                 out_dtype=x.dtype,
                 use_fast_accum=True,
             )
@@ -99,8 +119,9 @@ class FP8DynamicLinear(FP8Linear):
 
 
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp8 `weight` [out, in] times its float32 [1] `scale`, in `dtype`: exactly torchao's
-    _dequantize_affine_float8 (upcast to fp32, scale, cast to the compute dtype)."""
+    """fp8 `weight` [out, in] times its float32 scale ([1] per tensor or [out, 1] per channel: either
+    broadcasts over the rows), in `dtype`: exactly torchao's _dequantize_affine_float8 (upcast to fp32,
+    scale, cast to the compute dtype)."""
     return (weight.to(torch.float32) * scale).to(dtype)
 
 
@@ -129,8 +150,9 @@ def servable_quantization(quantization: str, device) -> tuple[str, str | None]:
     )
 
 
-def swap_fp8_linears(model: nn.Module, quantization: str) -> nn.Module:
-    """Replace every decoder linear of our Qwen3 with an FP8 module of the same shape, on the same device."""
+def swap_fp8_linears(model: nn.Module, quantization: str, weight_scales: str = "tensor") -> nn.Module:
+    """Replace every decoder linear of our Qwen3 with an FP8 module of the same shape, on the same device,
+    whose `weight_scale` has the shape `weight_scales` ("tensor" or "channel") gives it."""
     if quantization not in QUANTIZATIONS:
         raise LoadError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
     cls = FP8DynamicLinear if quantization == "fp8-dynamic" else FP8Linear
@@ -142,7 +164,11 @@ def swap_fp8_linears(model: nn.Module, quantization: str) -> nn.Module:
             parent = getattr(layer, parent_name)
             linear = getattr(parent, attr)
             replacement = cls(
-                linear.in_features, linear.out_features, linear.bias is not None, linear.weight.device
+                linear.in_features,
+                linear.out_features,
+                linear.bias is not None,
+                linear.weight.device,
+                weight_scales=weight_scales,
             )
             setattr(parent, attr, replacement)
     return model
@@ -158,13 +184,18 @@ def fuse_dequantization_into_matvec() -> None:
     torch._inductor.config.coordinate_descent_tuning = True
 
 
-def quantization_from_config(qc: dict) -> str:
-    """`fp8-weight-only` or `fp8-dynamic` for a compressed-tensors FP8 per-tensor config; refuse the rest."""
+class FP8Scheme(NamedTuple):
+    quantization: str  # "fp8-weight-only" | "fp8-dynamic"
+    weight_scales: str  # "tensor" ([1] per linear) | "channel" ([out, 1]): the weights' strategy
+
+
+def quantization_from_config(qc: dict) -> FP8Scheme:
+    """The scheme of a compressed-tensors FP8 config with per-tensor or per-channel weights; refuse the rest."""
 
     def refuse(why: str):
         raise LoadError(
-            f"config.json: quantization_config {why}; only FP8 per-tensor checkpoints from "
-            "`python -m export` (compressed-tensors float-quantized) are supported"
+            f"config.json: quantization_config {why}; only FP8 checkpoints from `python -m export` "
+            "(compressed-tensors float-quantized, per-tensor or per-channel weights) are supported"
         )
 
     if not isinstance(qc, dict):
@@ -178,31 +209,39 @@ def quantization_from_config(qc: dict) -> str:
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         refuse("has no config_groups")
-    kinds = {_group_kind(name, group, refuse) for name, group in groups.items()}
-    if len(kinds) != 1:
+    schemes = {_group_scheme(name, group, refuse) for name, group in groups.items()}
+    if len({scheme.quantization for scheme in schemes}) != 1:
         refuse("mixes weight-only and dynamic-activation groups")
-    return kinds.pop()
+    if len(schemes) != 1:
+        refuse("mixes per-tensor and per-channel weight groups")
+    return schemes.pop()
 
 
-def _group_kind(name: str, group, refuse) -> str:
+def _group_scheme(name: str, group, refuse) -> FP8Scheme:
     if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
         refuse(f"group {name!r} has no weights scheme")
     if "Linear" not in (group.get("targets") or []):
         refuse(f"group {name!r} targets {group.get('targets')!r}, not ['Linear']")
     weights = group["weights"]
-    want = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
+    want = {"num_bits": 8, "type": "float", "dynamic": False}
     for key, value in want.items():
         if weights.get(key, value if key == "dynamic" else None) != value:
             refuse(f"group {name!r} weights have {key}={weights.get(key)!r} (need {value!r})")
+    if weights.get("strategy") not in WEIGHT_SCALES:
+        refuse(
+            f"group {name!r} weights have strategy={weights.get('strategy')!r} (need one of {WEIGHT_SCALES})"
+        )
     if weights.get("symmetric", True) is not True:
         refuse(f"group {name!r} weights are asymmetric")
     activations = group.get("input_activations")
     if activations is None:
-        return "fp8-weight-only"
+        return FP8Scheme("fp8-weight-only", weights["strategy"])
     if not isinstance(activations, dict):
         refuse(f"group {name!r} input_activations is a {type(activations).__name__}, not an object")
+    # Dynamic activation scales are computed at run time: per row here (quantize_per_row), and per token in
+    # vLLM's compressed-tensors W8A8 FP8 scheme whatever strategy is declared; "tensor" is the coarsest.
     want = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": True}
     for key, value in want.items():
         if activations.get(key) != value:
             refuse(f"group {name!r} input_activations have {key}={activations.get(key)!r} (need {value!r})")
-    return "fp8-dynamic"
+    return FP8Scheme("fp8-dynamic", weights["strategy"])

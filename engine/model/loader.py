@@ -38,6 +38,7 @@ class LoadedModel:
     fallbacks: tuple[
         str, ...
     ] = ()  # what this device cannot run as the checkpoint asks, and what runs instead
+    weight_scales: str | None = None  # FP8: "tensor" or "channel" (one scale per output row); else None
 
 
 def read_hf_config(directory: Path) -> dict:
@@ -79,13 +80,13 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def build_empty(config: ModelConfig, quantization: str) -> Qwen3:
+def build_empty(config: ModelConfig, quantization: str, weight_scales: str | None = None) -> Qwen3:
     with torch.device("meta"):
         model = Qwen3(config)
     if quantization != "none":
         from engine.model.fp8 import swap_fp8_linears
 
-        swap_fp8_linears(model, quantization)
+        swap_fp8_linears(model, quantization, weight_scales)
     return model
 
 
@@ -111,9 +112,11 @@ def check_and_cast(model: Qwen3, tensors: dict[str, torch.Tensor], dtype, device
     for name, want in expected.items():
         got = tensors[name]
         if got.shape != want.shape:
-            raise LoadError(
-                f"tensor {name}: shape {list(got.shape)} in the checkpoint, {list(want.shape)} expected"
-            )
+            why = f"tensor {name}: shape {list(got.shape)} in the checkpoint, {list(want.shape)} expected"
+            if name.endswith(".weight_scale"):  # the FP8 module's shape is the one config.json declares
+                strategy = model.get_submodule(name.removesuffix(".weight_scale")).weight_scales
+                why += f" by config.json's quantization_config (weights strategy {strategy!r})"
+            raise LoadError(why)
         # fp8 weights and their fp32 scales keep the dtype the FP8 module declares; the rest take ours.
         keep = want.dtype == torch.float8_e4m3fn or name.endswith("_scale")
         if want.dtype == torch.float8_e4m3fn and got.dtype != torch.float8_e4m3fn:
@@ -127,6 +130,7 @@ def load_model(
 ) -> LoadedModel:
     """Load a preset name (`tiny`, `bench-cpu`) or an HF-layout directory of Qwen3 or Qwen2 weights."""
     fallbacks: tuple[str, ...] = ()
+    weight_scales = None
     if is_preset(source):
         config, quantization = PRESETS[source], "none"
         tensors = preset_state_dict(source)
@@ -142,14 +146,13 @@ def load_model(
         if "quantization_config" in hf:
             from engine.model.fp8 import quantization_from_config, servable_quantization
 
-            quantization, why = servable_quantization(
-                quantization_from_config(hf["quantization_config"]), device
-            )
+            quantization, weight_scales = quantization_from_config(hf["quantization_config"])
+            quantization, why = servable_quantization(quantization, device)
             if why:  # logged by the engine that records it (Lifecycle.fall_back)
                 fallbacks = (why,)
         tensors = read_tensors(checkpoint_files(directory))
         random_weights = hf.get(RANDOM_WEIGHTS_KEY) is True
-    model = build_empty(config, quantization)
+    model = build_empty(config, quantization, weight_scales)
     model.load_state_dict(check_and_cast(model, tensors, dtype, device), strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -159,5 +162,6 @@ def load_model(
     if leftover:
         raise LoadError(f"tensors left unassigned after loading: {leftover[:3]}")
     model.eval().requires_grad_(False)
-    log.info("loaded %s (%s, %s) on %s", source, quantization, dtype, device)
-    return LoadedModel(model, config, quantization, source, random_weights, fallbacks)
+    scales = f", {weight_scales} weight scales" if weight_scales else ""
+    log.info("loaded %s (%s%s, %s) on %s", source, quantization, scales, dtype, device)
+    return LoadedModel(model, config, quantization, source, random_weights, fallbacks, weight_scales)

@@ -54,7 +54,7 @@ from bench.harness.gpu_floors import GPU_MODELS
 from bench.harness.machine import describe
 from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
 from bench.harness.refusals import ServerRefused
-from bench.harness.server import ServerProcess
+from bench.harness.server import REPO, ServerProcess
 from bench.testbed import PAIR
 from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
@@ -69,6 +69,12 @@ def num_draft_tokens(text: str) -> int | str:
     if text == AUTO or (text.isdigit() and int(text) >= 1):
         return text if text == AUTO else int(text)
     raise argparse.ArgumentTypeError(f'expected a positive integer or "auto", got {text!r}')
+
+
+def shown(path: Path) -> str:
+    """A path as a report shows it: relative to the checkout when inside it (the committed pair)."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def parse_args(argv):
@@ -174,8 +180,11 @@ def run(args) -> dict:
         "summary": summarize(rows, args.window, adaptation, GPU, args.think_s),
         "adaptation": adaptation,
         "config": {
-            "pair": str(args.testbed),
-            "drafter": {key: info.get(key) for key in ("model", "quantization", "device", "dtype")},
+            "pair": shown(args.testbed),
+            "drafter": {
+                **{key: info.get(key) for key in ("quantization", "device", "dtype")},
+                "model": shown(drafter_dir),
+            },
             "stream": source,
             "num_prompts": len(rows),
             "max_new_tokens": args.max_new_tokens,

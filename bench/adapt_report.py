@@ -56,23 +56,19 @@ def windows(rows: list[dict], size: int, gpu: GpuModel) -> list[dict]:
 
 def first_calls(rows: list[dict]) -> dict:
     """A prompt's first call prefills it whole; on the adapting server, those right after a swap (the engine
-    dropped every cached page) against the others, and the fixed server's, in ms."""
-    after_swap = [
-        r["on"]["draft_call_ms"][0]
-        for before, r in zip(rows, rows[1:], strict=False)
-        if r["version_before"] != before["version_before"] and r["on"]["draft_call_ms"]
+    dropped every cached page) against the others, and the fixed server's, in ms. Swaps land in the idle
+    time between prompts here, so a conversation never meets one midway."""
+    after_swap = [i > 0 and r["version_before"] != rows[i - 1]["version_before"] for i, r in enumerate(rows)]
+    on = [
+        (swapped, r["on"]["draft_call_ms"][0])
+        for swapped, r in zip(after_swap, rows, strict=True)
+        if r["on"]["draft_call_ms"]
     ]
-    swapped = {
-        id(r)
-        for before, r in zip(rows, rows[1:], strict=False)
-        if r["version_before"] != before["version_before"]
-    }
-    others = [r["on"]["draft_call_ms"][0] for r in rows if id(r) not in swapped and r["on"]["draft_call_ms"]]
     return {
-        "on_after_a_swap": percentiles(after_swap) | {"n": len(after_swap)},
-        "on_otherwise": percentiles(others) | {"n": len(others)},
+        "on_after_a_swap": percentiles([ms for swapped, ms in on if swapped]) | {"n": sum(s for s, _ in on)},
+        "on_otherwise": percentiles([ms for swapped, ms in on if not swapped]) | {"n": sum(not s for s, _ in on)},
         "off": percentiles([r["off"]["draft_call_ms"][0] for r in rows if r["off"]["draft_call_ms"]]),
-    }
+    }  # fmt: skip
 
 
 def costs(rows: list[dict], adaptation: dict, think_s: float) -> dict:
@@ -121,7 +117,8 @@ def markdown(report: dict) -> str:
         f"Testbed pair, drafter {config['drafter']['model']} ({config['drafter']['quantization']}), target fp32 on "
         f"the CPU; stream: {config['stream']['domain']}, {config['num_prompts']} prompts of "
         f"{config['max_new_tokens']} new tokens, k = {config['num_draft_tokens']}, model drafts, "
-        f"{config['think_s']} s idle after each prompt; {machine['cpu']}, {machine['cpu_cores']} cores, "
+        f"{config['think_s']} s idle after each prompt (the adapting server paused while the target alone and "
+        f"the fixed drafter are timed); {machine['cpu']}, {machine['cpu_cores']} cores, "
         f"{machine['date']}, {config['wall_s'] / 60:.1f} min. Lossless (every output exactly the target's "
         f"alone): {'yes' if summary['lossless'] else 'NO'}.",
         "",
@@ -165,7 +162,8 @@ def markdown(report: dict) -> str:
         f"- Costs: a training step {fmt(cost['training_step_ms'])} ms, a swap {fmt(cost['swap_ms'])} ms; the "
         f"trainer (training, scoring, swaps) ran {cost['trainer_seconds']:.1f} s of the "
         f"{cost['think_seconds']:.0f} s idle. A prompt's first call (its prefill): {fmt(first['on_after_a_swap']['p50'], '.1f')} ms "
-        f"p50 right after a swap (n = {first['on_after_a_swap']['n']}), {fmt(first['on_otherwise']['p50'], '.1f')} ms "
+        f"p50 right after a swap (n = {first['on_after_a_swap']['n']}; swaps fall between prompts, so no "
+        "conversation re-prefills midway), {fmt(first['on_otherwise']['p50'], '.1f')} ms "
         f"otherwise, {fmt(first['off']['p50'], '.1f')} ms on the fixed server. Calls p50 / p99: off "
         f"{fmt(cost['call_ms']['off']['p50'], '.1f')} / {fmt(cost['call_ms']['off']['p99'], '.1f')} ms, on "
         f"{fmt(cost['call_ms']['on']['p50'], '.1f')} / {fmt(cost['call_ms']['on']['p99'], '.1f')} ms.",

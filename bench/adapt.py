@@ -62,6 +62,16 @@ from drafter.sessions.draft_source import MODEL
 
 FULL = {"prompts": 120, "max_new_tokens": 128, "window": 8}  # ~15k target tokens, ~10 min on 2 cores
 QUICK = {"prompts": 40, "max_new_tokens": 96, "window": 5}  # ~4k, ~2-3 min
+# The adapting server's /info counters read before and after each think time. Its totals at the end also
+# count the pauses that fell inside a step (a step's time is wall time), so a step's cost is read from these.
+TRAINER_COUNTERS = (
+    "training_steps",
+    "training_seconds",
+    "scoring_seconds",
+    "swaps",
+    "rollbacks",
+    "swap_seconds",
+)
 GPU = GPU_MODELS["qwen3-8b"]  # the projection bench/acceptance.py's testbed rows use
 
 
@@ -110,7 +120,13 @@ def servers(flags: list[str]):
         DraftClient(off.url, timeout_s=DRAFT_TIMEOUT_S) as off_client,
         DraftClient(on.url, timeout_s=DRAFT_TIMEOUT_S) as on_client,
     ):
-        yield off_client, on, on_client
+        try:
+            yield off_client, on, on_client
+        except BenchError:  # a failed draft call: its server's log says why, and is deleted on close
+            for name, server in (("off", off), ("on", on)):
+                tail = "\n".join(server.log.splitlines()[-12:])
+                print(f"--adapt {name} server ({server.url}), its log's last lines:\n{tail}", file=sys.stderr)
+            raise
 
 
 def decode(model, client, prompt: list[int], args) -> dict:
@@ -140,13 +156,16 @@ def stream(args, model, prompts, off_client, on, on_client) -> list[dict]:
             on.signal(signal.SIGCONT)
         version = on_client.info()["adaptation"]["version"]
         adapted = decode(model, on_client, prompt["tokens"], args)
+        before = on_client.info()["adaptation"]
         time.sleep(args.think_s)
+        after = on_client.info()["adaptation"]
         rows.append({
             "name": prompt["name"],
             "prompt_tokens": len(prompt["tokens"]),
             "new_tokens": len(reference),
             "alone_s": alone_s,
             "version_before": version,
+            "trainer_in_think": {key: after[key] - before[key] for key in TRAINER_COUNTERS},
             **{side: {**run, "lossless": run.pop("output") == reference} for side, run in (("off", off), ("on", adapted))},
         })  # fmt: skip
     return rows
@@ -161,7 +180,17 @@ def run(args) -> dict:
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     cost_flags, verify_ms, token_ms = target_cost_flags(model, warmup, args)
     drafter_dir = args.testbed / PAIR_DRAFTERS[args.drafter]
-    flags = ["--model", str(drafter_dir), "--device", "cpu", *cost_flags]
+    # A benchmark waits for every draft: a call queued past the server's default 1 s (a busy machine, both
+    # servers alike) would be dropped, and the stream stopped, rather than measured.
+    flags = [
+        "--model",
+        str(drafter_dir),
+        "--device",
+        "cpu",
+        "--request-timeout-s",
+        str(DRAFT_TIMEOUT_S),
+        *cost_flags,
+    ]
     print(f"drafter servers on {drafter_dir}, --adapt off and on", file=sys.stderr)
     started = time.monotonic()
     with servers(flags) as (off_client, on, on_client):
@@ -177,7 +206,7 @@ def run(args) -> dict:
         adaptation = on_client.info()["adaptation"]
     return {
         "prompts": rows,
-        "summary": summarize(rows, args.window, adaptation, GPU, args.think_s),
+        "summary": summarize(rows, args.window, GPU, args.think_s),
         "adaptation": adaptation,
         "config": {
             "pair": shown(args.testbed),

@@ -71,15 +71,16 @@ def first_calls(rows: list[dict]) -> dict:
     }  # fmt: skip
 
 
-def costs(rows: list[dict], adaptation: dict, think_s: float) -> dict:
-    steps, swaps = adaptation["training_steps"], adaptation["swaps"] + adaptation["rollbacks"]
-    busy_s = (
-        adaptation["training_seconds"] + adaptation["scoring_seconds"] + adaptation.get("swap_seconds", 0)
-    )
+def costs(rows: list[dict], think_s: float) -> dict:
+    """From the adapting server's counters during the think times only (bench/adapt.py's TRAINER_COUNTERS):
+    a training step's and a swap's time, and how much of the idle time the trainer used."""
+    total = {key: sum(r["trainer_in_think"][key] for r in rows) for key in rows[0]["trainer_in_think"]}
+    steps, swaps = total["training_steps"], total["swaps"] + total["rollbacks"]
     return {
-        "training_step_ms": 1e3 * adaptation["training_seconds"] / steps if steps else None,
-        "swap_ms": 1e3 * adaptation.get("swap_seconds", 0) / swaps if swaps else None,
-        "trainer_seconds": busy_s,  # training, scoring and swaps, on the engine thread
+        "in_think_times": total,
+        "training_step_ms": 1e3 * total["training_seconds"] / steps if steps else None,
+        "swap_ms": 1e3 * total["swap_seconds"] / swaps if swaps else None,
+        "trainer_seconds": total["training_seconds"] + total["scoring_seconds"] + total["swap_seconds"],
         "think_seconds": think_s * len(rows),
         "first_call_ms": first_calls(rows),
         "call_ms": {
@@ -88,7 +89,7 @@ def costs(rows: list[dict], adaptation: dict, think_s: float) -> dict:
     }
 
 
-def summarize(rows: list[dict], window: int, adaptation: dict, gpu: GpuModel, think_s: float) -> dict:
+def summarize(rows: list[dict], window: int, gpu: GpuModel, think_s: float) -> dict:
     cut = windows(rows, window, gpu)
     at_goal = next((w for w in cut if w["ratio"] >= GOAL_RATIO), None)
     return {
@@ -106,7 +107,7 @@ def summarize(rows: list[dict], window: int, adaptation: dict, gpu: GpuModel, th
             "floor": FLOOR_RATIO,
             "windows_below_floor": [i for i, w in enumerate(cut) if w["ratio"] < FLOOR_RATIO],
         },
-        "costs": costs(rows, adaptation, think_s),
+        "costs": costs(rows, think_s),
     }  # fmt: skip
 
 
@@ -161,9 +162,9 @@ def markdown(report: dict) -> str:
         f"{adaptation['training_steps']} training steps.",
         f"- Costs: a training step {fmt(cost['training_step_ms'])} ms, a swap {fmt(cost['swap_ms'])} ms; the "
         f"trainer (training, scoring, swaps) ran {cost['trainer_seconds']:.1f} s of the "
-        f"{cost['think_seconds']:.0f} s idle. A prompt's first call (its prefill): {fmt(first['on_after_a_swap']['p50'], '.1f')} ms "
+        f"{cost['think_seconds']:.0f} s of think time (counted there only). A prompt's first call (its prefill): {fmt(first['on_after_a_swap']['p50'], '.1f')} ms "
         f"p50 right after a swap (n = {first['on_after_a_swap']['n']}; swaps fall between prompts, so no "
-        "conversation re-prefills midway), {fmt(first['on_otherwise']['p50'], '.1f')} ms "
+        f"conversation re-prefills midway), {fmt(first['on_otherwise']['p50'], '.1f')} ms "
         f"otherwise, {fmt(first['off']['p50'], '.1f')} ms on the fixed server. Calls p50 / p99: off "
         f"{fmt(cost['call_ms']['off']['p50'], '.1f')} / {fmt(cost['call_ms']['off']['p99'], '.1f')} ms, on "
         f"{fmt(cost['call_ms']['on']['p50'], '.1f')} / {fmt(cost['call_ms']['on']['p99'], '.1f')} ms.",

@@ -60,8 +60,8 @@ from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
 from drafter.sessions.draft_source import MODEL
 
-FULL = {"prompts": 120, "max_new_tokens": 128, "window": 8}  # ~15k target tokens, ~10 min on 2 cores
-QUICK = {"prompts": 40, "max_new_tokens": 96, "window": 5}  # ~4k, ~2-3 min
+FULL = {"prompts": 120, "max_new_tokens": 128, "window": 8}  # ~15k target tokens, 7-11 min on 2 busy cores
+QUICK = {"prompts": 40, "max_new_tokens": 96, "window": 5}  # ~4k, ~2 min
 # The adapting server's /info counters read before and after each think time. Its totals at the end also
 # count the pauses that fell inside a step (a step's time is wall time), so a step's cost is read from these.
 TRAINER_COUNTERS = (

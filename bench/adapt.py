@@ -181,7 +181,8 @@ def run(args) -> dict:
     cost_flags, verify_ms, token_ms = target_cost_flags(model, warmup, args)
     drafter_dir = args.testbed / PAIR_DRAFTERS[args.drafter]
     # A benchmark waits for every draft: a call queued past the server's default 1 s (a busy machine, both
-    # servers alike) would be dropped, and the stream stopped, rather than measured.
+    # servers alike) is dropped with a 504, and a skipped draft stops the stream (the first full run on a
+    # busy machine stopped on 2 skipped calls, its logs gone with its servers: most likely this).
     flags = [
         "--model",
         str(drafter_dir),

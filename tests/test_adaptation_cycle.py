@@ -119,6 +119,7 @@ def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
     assert run_until_decided(cycle) == "swapped"
     described = cycle.describe()
     assert described["version"] == 1 and described["swaps"] == 1 and engine.weights_version == 1
+    assert described["swap_seconds"] > 0
     scores = described["last_candidate"]
     assert scores["candidate"]["tokens_per_round"] > scores["live"]["tokens_per_round"] * 1.02
 
@@ -140,6 +141,7 @@ def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
         cycle.observe(1, 1, K)  # version 1's: 2 tokens each
     assert cycle.rollback_due and cycle.work(lambda: True) == "rolled back"
     assert cycle.describe()["version"] == 0 and cycle.describe()["rollbacks"] == 1
+    assert cycle.describe()["swap_seconds"] > described["swap_seconds"]  # the rollback's swap counts too
     assert [engine.draft(c, K) for c in contexts] == [hf_greedy(drafter, c, K) for c in contexts]
 
 

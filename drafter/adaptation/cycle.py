@@ -58,6 +58,7 @@ class Counters:
     training_steps: int = 0
     training_s: float = 0.0
     scoring_s: float = 0.0
+    swap_s: float = 0.0  # swaps and rollbacks together: the engine thread's time in `swap`
     last_loss: float | None = None
     last_candidate: dict | None = None  # {"candidate": Score.describe(), "live": ..., "swapped": bool}
 
@@ -222,16 +223,22 @@ class Cycle:
             self.counters.rejected += 1
             self.candidate = None
             return "rejected"
-        self.by_weights_version[self.swap(self.candidate.tensors)] = self.candidate.number
+        self.by_weights_version[self.timed_swap(self.candidate.tensors)] = self.candidate.number
         self.previous, self.live, self.candidate = self.live, self.candidate, None
         self.next_number += 1
         self.counters.swaps += 1
         log.info("adaptation: version %d swapped in (%s)", self.live.number, self.counters.last_candidate)
         return "swapped"
 
+    def timed_swap(self, tensors: dict[str, torch.Tensor]) -> int:
+        began = time.perf_counter()
+        weights_version = self.swap(tensors)
+        self.counters.swap_s += time.perf_counter() - began
+        return weights_version
+
     def roll_back(self) -> str:
         """The live version did worse than the one before: that one again, and training starts from it."""
-        self.by_weights_version[self.swap(self.previous.tensors)] = self.previous.number
+        self.by_weights_version[self.timed_swap(self.previous.tensors)] = self.previous.number
         log.warning("adaptation: version %d rolled back to %d", self.live.number, self.previous.number)
         self.live, self.previous = self.previous, None
         self.trainer.reset(dense_state(self.live.tensors))
@@ -250,6 +257,7 @@ class Cycle:
             "training_steps": c.training_steps,
             "training_seconds": round(c.training_s, 3),
             "scoring_seconds": round(c.scoring_s, 3),
+            "swap_seconds": round(c.swap_s, 4),
             "last_loss": None if c.last_loss is None else round(c.last_loss, 4),
             "last_candidate": c.last_candidate,
             "round": {"phase": self.phase, "steps": self.steps, "busy": self.has_work()},

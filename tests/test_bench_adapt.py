@@ -1,0 +1,40 @@
+"""`python -m bench.adapt` end to end at its smallest: the testbed target, two real servers on its drafter
+(`--adapt` off and on), a stream of two short prompts; both servers report, every output is the target's
+alone, and the files of `--out` are written. Whether adaptation pays is the full run's question
+(bench/README.md), not a test's: a few dozen tokens never start a training round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.adapt import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_a_tiny_stream_is_lossless_and_reports_both_servers(tmp_path):
+    argv = [
+        "--prompts",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--window",
+        "1",
+        "--think-s",
+        "0.1",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    summary = report["summary"]
+    assert summary["lossless"] and len(report["prompts"]) == 2 and len(summary["windows"]) == 2
+    for side in ("off", "on"):
+        assert all(row[side]["rounds"] >= 1 and row[side]["lossless"] for row in report["prompts"])
+        assert summary["whole_stream"][side]["tokens_per_round"] >= 1
+        assert summary["costs"]["call_ms"][side]["p50"] > 0
+    assert report["adaptation"]["version"] == 0 and "swap_seconds" in report["adaptation"]
+    assert (tmp_path / "report.md").read_text().count("\n| 0-0 |") == 1
+    assert (tmp_path / "adapt.png").stat().st_size > 0

@@ -97,7 +97,10 @@ def serve(args) -> None:
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
-        gpu_memory_utilization=0.1,  # ignored on the CPU; the KV cache is VLLM_CPU_KVCACHE_SPACE
+        # On the CPU this is the share of the machine's memory the worker may hold, weights included: a
+        # target of a few GB overdraws 0.1 and vLLM refuses to start, unless the KV cache's size is given.
+        gpu_memory_utilization=0.1,
+        kv_cache_memory_bytes=int(args.kv_cache_gb * 2**30) if args.kv_cache_gb else None,
         speculative_config=speculative_config(args),
         additional_config={"drafter": drafter} if args.speculation == "drafter" else {},
         disable_log_stats=False,  # get_metrics() reads the counters the stats loggers keep
@@ -145,6 +148,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--kv-cache-gb", type=float, help="the KV cache's size [vLLM's: from the memory share]")
     args = parser.parse_args(argv)
     if args.speculation == "draft_model" and not args.draft_model:
         parser.error("--speculation draft_model needs --draft-model DIR")

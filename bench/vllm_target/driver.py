@@ -37,7 +37,11 @@ class VllmTarget:
         args = [str(vllm_python()), str(REPO / "bench" / "vllm_target" / "target.py"), "--model", str(model)]
         args += ["--speculation", speculation]
         for name, value in options.items():
-            args += [f"--{name.replace('_', '-')}", str(value)]
+            flag = f"--{name.replace('_', '-')}"
+            if isinstance(value, bool):  # a switch: named when on
+                args += [flag] if value else []
+            else:
+                args += [flag, str(value)]
         pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
             args,

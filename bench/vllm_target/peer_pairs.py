@@ -102,7 +102,7 @@ REALPAIR_DEFAULTS = Defaults(
     # longest prompt is under 400 tokens, and longer batches of prompts prefill in chunks
     max_num_batched_tokens=1024,
 )
-REALPAIR_QUICK = Defaults(**{**REALPAIR_DEFAULTS.__dict__, "max_tokens": 32, "concurrency": (1, 8)})
+REALPAIR_QUICK = Defaults(**{**REALPAIR_DEFAULTS.__dict__, "max_tokens": 32, "concurrency": (1, 4)})
 
 
 def realpair(directory: Path) -> PeerPair:

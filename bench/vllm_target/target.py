@@ -8,7 +8,9 @@ file's path (so it imports nothing of bench/), for the tests and bench/vllm_targ
 It prints `VLLM_TARGET {"ready": ...}` once the engine is up, then answers each JSON line on stdin,
 `{"prompts": [[ids], ...], "max_tokens": [n, ...]}`, with one `VLLM_TARGET {...}` line: the outputs' token
 ids, the seconds `generate` took, the change in vLLM's speculative-decoding counters and (drafter) in the
-proposer's own counters. Greedy, no tokenizer, EOS ignored: every run generates exactly max_tokens.
+proposer's own counters. Greedy, no tokenizer. EOS is ignored, so every run generates exactly max_tokens,
+unless the line names `"stop_token_ids": [ids]`: then a row ends at the first of them (a chat model's end of
+turn) or at max_tokens.
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ def proposer_difference(after: dict, before: dict) -> dict:
     return change
 
 
+def stopping(command: dict) -> dict:
+    """SamplingParams' stop settings for a command: its stop tokens, or none at all (not even the checkpoint's
+    EOS, which vLLM reads from generation_config.json by itself)."""
+    if command.get("stop_token_ids"):
+        return {"stop_token_ids": command["stop_token_ids"]}
+    return {"ignore_eos": True}
+
+
 def say(message: dict) -> None:
     print(MARK + json.dumps(message), flush=True)
 
@@ -91,13 +101,20 @@ def serve(args) -> None:
     drafter = {"url": args.drafter_url, "timeout_s": args.drafter_timeout_s}
     if args.stats_path:
         drafter["stats_path"] = args.stats_path
+    if args.num_draft_tokens:
+        drafter["num_draft_tokens"] = args.num_draft_tokens
     llm = LLM(
         model=args.model,
         skip_tokenizer_init=True,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
-        gpu_memory_utilization=0.1,  # ignored on the CPU; the KV cache is VLLM_CPU_KVCACHE_SPACE
+        # On the CPU this is the share of the machine's memory the worker may hold, weights included: a
+        # target of a few GB overdraws 0.1 and vLLM refuses to start, unless the KV cache's size is given.
+        gpu_memory_utilization=0.1,
+        kv_cache_memory_bytes=int(args.kv_cache_gb * 2**30) if args.kv_cache_gb else None,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=args.enforce_eager,
         speculative_config=speculative_config(args),
         additional_config={"drafter": drafter} if args.speculation == "drafter" else {},
         disable_log_stats=False,  # get_metrics() reads the counters the stats loggers keep
@@ -110,7 +127,7 @@ def serve(args) -> None:
         command = json.loads(line)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in command["prompts"]]
         params = [
-            SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+            SamplingParams(max_tokens=n, temperature=0.0, detokenize=False, **stopping(command))
             for n in command["max_tokens"]
         ]
         before, proposer_before = counters(llm), proposer_counters(args.stats_path)
@@ -131,7 +148,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", required=True, help="the target: an HF Qwen3 directory")
+    parser.add_argument("--model", required=True, help="the target: an HF directory")
     parser.add_argument("--speculation", choices=SPECULATIONS, default="none")
     parser.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     parser.add_argument(
@@ -141,10 +158,27 @@ def main(argv=None) -> None:
         "--drafter-timeout-s", type=float, default=0.5, help="the most a step waits for drafts"
     )
     parser.add_argument("--stats-path", help="--speculation drafter: where the proposer writes its counters")
+    parser.add_argument(
+        "--num-draft-tokens", help="--speculation drafter: \"auto\" for the server's k [vLLM's --k]"
+    )
     parser.add_argument("--draft-model", help="--speculation draft_model: the drafter's HF directory")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument(
+        "--kv-cache-gb", type=float, help="the KV cache's size [vLLM's: from the memory share]"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="tokens one step may hold (prompts beyond it prefill in chunks); vLLM's start runs a step this "
+        "size, which on a CPU takes a 1.5B target a minute at the default [vLLM's: 4096]",
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no torch.compile: the engine starts minutes sooner; a large target's step barely notices",
+    )
     args = parser.parse_args(argv)
     if args.speculation == "draft_model" and not args.draft_model:
         parser.error("--speculation draft_model needs --draft-model DIR")

@@ -126,7 +126,7 @@ def prepare(args, client: DraftClient, model, workloads):
 
 
 def run(args) -> dict:
-    model, workloads, generation = open_target(args)
+    model, workloads, generation = open_target(args, args.quick)
     with (
         drafter_url(args, model) as (url, verify_ms, connect),
         DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,

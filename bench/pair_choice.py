@@ -34,11 +34,12 @@ def add_pair_arguments(parser: argparse.ArgumentParser, quick_help: str) -> None
     parser.add_argument("--quick", action="store_true", help=quick_help)
 
 
-def read_workloads(args, tokenizer) -> dict[str, list] | None:
+def read_workloads(args, tokenizer, quick_prompts: bool) -> dict[str, list] | None:
     """Workload name -> its prompt file's entries (--realpair without --prompts: its three kinds under the
-    target's chat template), read before anything slow so that a typo fails at once."""
+    target's chat template, only the quick ones if `quick_prompts`), read before anything slow so that a typo
+    fails at once."""
     if args.realpair and not args.prompts:
-        return realpair.workload_entries(tokenizer, args.quick)
+        return realpair.workload_entries(tokenizer, quick_prompts)
     if not args.prompts:
         return None
     workloads: dict[str, list] = {}
@@ -50,14 +51,14 @@ def read_workloads(args, tokenizer) -> dict[str, list] | None:
     return workloads
 
 
-def open_target(args):
+def open_target(args, quick_prompts: bool):
     """(the target model, its workloads as `read_workloads` gives them, its generation settings for the
-    report), from `args`: realpair, drafter, target, prompts, quick, device, dtype."""
+    report), from `args`: realpair, drafter, target, prompts, device, dtype."""
     tokenizer = None
     if args.realpair:
         realpair.check_fetched(args.realpair, PAIR_DRAFTERS[args.drafter])
         tokenizer = realpair.chat_tokenizer(args.target)
-    workloads = read_workloads(args, tokenizer)
+    workloads = read_workloads(args, tokenizer, quick_prompts)
     model = load_target(args.target, args.device, args.dtype)
     generation = realpair.plain_greedy(model, tokenizer) if tokenizer else {"decoding": "greedy"}
     return model, workloads, generation

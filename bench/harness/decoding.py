@@ -115,6 +115,12 @@ def started_server(flags: list[str]):
         server.close()
 
 
+def pair_server_flags(pair: Path, drafter: str, device: str, verify_ms: float) -> list[str]:
+    """A server's flags for a pair's drafter (a PAIR_DRAFTERS name), told the target's verify time."""
+    model_dir = pair / PAIR_DRAFTERS[drafter]
+    return ["--model", str(model_dir), "--device", device, "--target-verify-ms", f"{verify_ms:.3f}"]
+
+
 @contextlib.contextmanager
 def drafter_url(args, model):
     """The server to use, the verify time it was told, and `connect()`, a client for one run: --url's server,
@@ -125,9 +131,8 @@ def drafter_url(args, model):
         return
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     verify_ms = verify_ms_per_token(model, warmup, args)
-    model_dir = args.pair / PAIR_DRAFTERS[args.drafter]
-    flags = ["--model", str(model_dir), "--device", args.device, "--target-verify-ms", f"{verify_ms:.3f}"]
-    print(f"drafter servers on {model_dir} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
+    flags = pair_server_flags(args.pair, args.drafter, args.device, verify_ms)
+    print(f"drafter servers on {flags[1]} (target verify {verify_ms:.2f} ms)", file=sys.stderr)
 
     @contextlib.contextmanager
     def connect():

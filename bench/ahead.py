@@ -68,8 +68,9 @@ from drafter.sessions.draft_source import MODEL
 
 MAX_SEQ_LEN = 4096
 # Untimed decodes are short: the target's verify probe (what the server is told, which only `auto` k weighs)
-# and each run's warm-up (a fresh server's first calls) need a few rounds, not a whole answer.
-PROBE_NEW_TOKENS = WARMUP_NEW_TOKENS = 16
+# and a fresh server's warm-up need a few rounds, not a whole answer; the floor's calibration a few more, for
+# the server's moving average of its ahead step to outgrow its first loop.
+PROBE_NEW_TOKENS, WARMUP_NEW_TOKENS, CALIBRATION_NEW_TOKENS = 16, 8, 16
 CALIBRATION_FLOOR_MS = 2000.0  # a verify long enough for an ahead loop of the real pair's k on an idle CPU
 COLD_CALLS = 2  # a conversation's calls that no branch can answer (see above)
 
@@ -107,15 +108,15 @@ def verify_floor(model, floor_ms: float):
 
 
 @contextlib.contextmanager
-def warm_server(args, model, flags: list[str], warmup: list[int], floor_ms: float):
-    """A client of a fresh server with these flags, after an untimed decode of `warmup` (a fresh server's
-    first calls), with every verify of the target lasting at least `floor_ms` throughout."""
+def warm_server(args, model, flags, warmup: list[int], floor_ms: float, new_tokens: int = WARMUP_NEW_TOKENS):
+    """A client of a fresh server with these flags, after an untimed decode of `new_tokens` after `warmup` (a
+    fresh server's first calls), with every verify of the target lasting at least `floor_ms` throughout."""
     with (
         started_server(flags) as url,
         DraftClient(url, timeout_s=DRAFT_TIMEOUT_S) as client,
         verify_floor(model, floor_ms),
     ):
-        speculative_greedy(model, client, warmup, WARMUP_NEW_TOKENS, SpeculationStats(args.k), False, MODEL)
+        speculative_greedy(model, client, warmup, new_tokens, SpeculationStats(args.k), False, MODEL)
         yield client
 
 
@@ -123,7 +124,7 @@ def ahead_step_ms(args, model, flags: list[str], warmup: list[int]) -> float:
     """The server's ahead step time (/info's step_ms) with the CPU idle while the target verifies: a server
     drafting ahead, warmed with every verify lasting CALIBRATION_FLOOR_MS."""
     flags = [*flags, f"--draft-ahead={args.branches}"]
-    with warm_server(args, model, flags, warmup, CALIBRATION_FLOOR_MS) as client:
+    with warm_server(args, model, flags, warmup, CALIBRATION_FLOOR_MS, CALIBRATION_NEW_TOKENS) as client:
         step_ms = client.info().get("draft_ahead", {}).get("step_ms")
     if step_ms is None:
         raise BenchError(

@@ -5,9 +5,11 @@ The real pair's sizes are set by its target: Qwen2.5-Coder-1.5B in float32 decod
 2-core CPU, and each prompt is decoded five times (alone, then per floor with --draft-ahead 0 and N), each
 setting behind a fresh server (~10-20 s to start and warm). Its quick prompts (short answers, most ending at
 `<|im_end|>` before the cap) are the only ones that fit: the default takes both of each kind at 64 new
-tokens (about 20 minutes), `--quick` the first of each kind at 48 (about 8). k = 4: the best fixed k of
-every real-pair workload measured and projected (bench/README.md's acceptance run); `auto` weighs k against
-a verify time, and the floored runs' verify is not the CPU's own, which would make k the variable too.
+tokens (about 20 minutes), `--quick` the first of each kind at 48 (about 8). k = 4, not auto: the real
+pair's acceptance run (bench/README.md) kept 3.5-4.6 tokens a round at k = 4, and auto fell below it on
+prose; auto weighs k against the target's verify time, which the floor changes, so k would change with the
+floor and the two settings would differ in more than drafting ahead. A fixed k also gives every branch the
+same depth.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ on a GPU (bench/harness/projection.py) where a hit costs only the call's overhea
 `--testbed` (the default) is the committed pair (bench/testbed/); `--realpair` the real one (Qwen2.5-Coder-
 1.5B-Instruct verifying Qwen2.5-Coder-0.5B-Instruct's drafts, from `python -m bench.realpair fetch`), on
 bench/realpair/prompts.jsonl's quick prompts under the target's chat template, decoding greedily to
-`<|im_end|>`, k = 4, 2 prompts per kind at 64 new tokens (about 20 minutes on a 2-core CPU), `--quick` 1 at
+`<|im_end|>`, k = 3, 2 prompts per kind at 64 new tokens (about 20 minutes on a 2-core CPU), `--quick` 1 at
 48 (about 8); bench/ahead_args.py says why. A real pair not on disk exits 2 with one line naming the fetch.
 
 On the CPU the target and the drafter share the machine's cores, so ahead work slows the target's verify

@@ -5,11 +5,16 @@ The real pair's sizes are set by its target: Qwen2.5-Coder-1.5B in float32 decod
 2-core CPU, and each prompt is decoded five times (alone, then per floor with --draft-ahead 0 and N), each
 setting behind a fresh server (~10-20 s to start and warm). Its quick prompts (short answers, most ending at
 `<|im_end|>` before the cap) are the only ones that fit: the default takes both of each kind at 64 new
-tokens (about 20 minutes), `--quick` the first of each kind at 48 (about 8). k = 4, not auto: the real
-pair's acceptance run (bench/README.md) kept 3.5-4.6 tokens a round at k = 4, and auto fell below it on
-prose; auto weighs k against the target's verify time, which the floor changes, so k would change with the
-floor and the two settings would differ in more than drafting ahead. A fixed k also gives every branch the
-same depth.
+tokens (about 20 minutes), `--quick` the first of each kind at 48 (about 8).
+
+k = 3, the largest whose ahead loop fits in the verify the floor stands for: a loop drafts k tokens and takes
+one step more for its choices (k + 1 steps), the server plans one only when it would end before the
+session's next call, and this pair's H100 verify lasts 4.9 of its draft steps (bench/harness/gpu_floors.py).
+At k = 4, the acceptance run's (bench/README.md: 3.5-4.6 tokens a round), a loop needs 5 steps against a
+gap of 4.9 plus the client's few ms, so under that floor the server should find nearly every plan too slow,
+rightly (not yet measured: `--num-draft-tokens 4` would). Not
+auto: it weighs k against the verify time, which the floor changes, so k would change with the floor and
+the settings would differ in more than drafting ahead.
 """
 
 from __future__ import annotations
@@ -27,10 +32,15 @@ from drafter.integrations.transformers_generate import AUTO
 AUTO_FLOOR = "auto"
 WORKLOADS = "code,edit,prose"  # both pairs' workload names
 TESTBED_K = 8
-REALPAIR_K, REALPAIR_PROMPTS, REALPAIR_NEW_TOKENS = 4, 2, 64
+REALPAIR_PROMPTS, REALPAIR_NEW_TOKENS = 2, 64
 QUICK_PROMPTS, QUICK_NEW_TOKENS = 1, 48
 REALPAIR_FLOORS = f"0,{AUTO_FLOOR}"
 REALPAIR_GPU = "qwen2.5-coder-1.5b"  # bench/harness/gpu_floors.py's model of this pair's shapes
+
+
+def fitting_k(gpu: GpuModel) -> int:
+    """The largest k whose ahead loop (k + 1 steps) fits in one of `gpu`'s verifies."""
+    return max(1, int(gpu.verify_ms / gpu.draft_step_ms) - 1)
 
 
 def floors(text: str) -> list[float | str]:
@@ -55,7 +65,9 @@ def parse_args(argv, description: str):
     )
     add_pair_arguments(parser, "--realpair: its first quick prompt per kind, 48 new tokens (~8 min)")
     parser.add_argument("--branches", type=int, default=8, help="--draft-ahead of the 'on' runs [8]")
-    parser.add_argument("--num-draft-tokens", help="k, or auto [8; --realpair: 4]")
+    parser.add_argument(
+        "--num-draft-tokens", help="k, or auto [8; --realpair: 3, whose ahead loop fits in its GPU verify]"
+    )
     parser.add_argument("--workloads", default=WORKLOADS, help=f"the pair's workloads to run [{WORKLOADS}]")
     parser.add_argument(
         "--max-prompts", type=int, help="first N prompts of each workload [all; --realpair: 2, quick 1]"
@@ -74,12 +86,12 @@ def parse_args(argv, description: str):
     args.testbed = None if args.realpair else args.testbed or PAIR
     args.pair = args.realpair or args.testbed
     if args.realpair:
-        args.num_draft_tokens = args.num_draft_tokens or str(REALPAIR_K)
+        args.gpu = GPU_MODELS[REALPAIR_GPU]
+        args.num_draft_tokens = args.num_draft_tokens or str(fitting_k(args.gpu))
         quick = args.quick
         args.max_prompts = args.max_prompts or (QUICK_PROMPTS if quick else REALPAIR_PROMPTS)
         args.max_new_tokens = args.max_new_tokens or (QUICK_NEW_TOKENS if quick else REALPAIR_NEW_TOKENS)
         args.verify_floor_ms = args.verify_floor_ms or floors(REALPAIR_FLOORS)
-        args.gpu = GPU_MODELS[REALPAIR_GPU]
     else:
         from bench.testbed.recipe import FULL
 

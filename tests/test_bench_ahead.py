@@ -33,7 +33,7 @@ def test_the_testbed_is_the_default_pair_with_its_former_defaults():
 def test_realpair_defaults_fit_a_two_core_cpu_and_quick_fits_less():
     args = parse_args(["--realpair"], "")
     assert args.pair == args.realpair == DEFAULT_DIR and args.testbed is None and args.prompts is None
-    assert (args.k, args.max_prompts, args.max_new_tokens) == (4, 2, 64)
+    assert (args.k, args.max_prompts, args.max_new_tokens) == (3, 2, 64)  # 4 steps fit in 4.9
     assert args.verify_floor_ms == [0.0, "auto"] and args.gpu == GPU_MODELS["qwen2.5-coder-1.5b"]
     assert (args.drafter, args.device, args.dtype) == ("weight-only", "cpu", "float32")
     quick = parse_args(["--realpair", "elsewhere", "--quick", "--verify-floor-ms", "120"], "")
@@ -83,7 +83,7 @@ def test_a_floored_run_on_a_fake_real_pair_is_lossless_for_every_setting(fake_re
     argv = ["--realpair", str(fake_realpair), "--quick", "--max-new-tokens=8", "--verify-floor-ms=40"]
     assert main([*argv, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["stop_at_eos"] and report["k"] == 4 and report["num_prompts"] == dict.fromkeys(KINDS, 1)
+    assert report["stop_at_eos"] and report["k"] == 3 and report["num_prompts"] == dict.fromkeys(KINDS, 1)
     assert [(r["workload"], r["draft_ahead"]) for r in report["rows"]] == [
         (kind, branches) for branches in (0, 8) for kind in ("code", "edit", "prose")
     ]

@@ -2,8 +2,9 @@
 acceptance a target model sees when it decodes with our drafts. Each runs as a module from the repository
 root: `python -m bench.latency`, `python -m bench.acceptance --testbed`, ...
 
-The benchmarks themselves sit here at the root (latency, acceptance and its report, ahead, overhead,
-client_overhead, sessions, pool_scaling, dtype_agreement, proposer_batch); the rest lives in rooms:
+The benchmarks themselves sit here at the root (latency, acceptance and ahead, each with its command line
+and report, overhead, client_overhead, sessions, pool_scaling, dtype_agreement, proposer_batch, and
+pair_choice, how acceptance and ahead choose and open a pair); the rest lives in rooms:
 - harness/: what they share: the one server launcher (also the tests'), the simulated workloads and their
   runners, prompts, the transformers target's decoding loop, baselines, machine facts and floors, the GPU
   projection, reports, a refused request as one line;

@@ -35,9 +35,7 @@ from bench.acceptance_args import parse_args
 from bench.acceptance_report import print_summary, result, summarize, write_outputs
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
-    PAIR_DRAFTERS,
     drafter_url,
-    load_target,
     server_info,
     speculative_greedy,
     target_greedy,
@@ -50,28 +48,11 @@ from bench.harness.prompts import (
     BenchError,
     load_prompts,
     random_prompts,
-    read_prompt_lines,
 )
 from bench.harness.refusals import ServerRefused
-from bench.realpair import benchmark as realpair
+from bench.pair_choice import open_target
 from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
-
-
-def read_workloads(args, tokenizer) -> dict[str, list] | None:
-    """Workload name -> its prompt file's entries (--realpair without --prompts: its three kinds under the
-    target's chat template), read before anything slow so that a typo fails at once."""
-    if args.realpair and not args.prompts:
-        return realpair.workload_entries(tokenizer, args.quick)
-    if not args.prompts:
-        return None
-    workloads: dict[str, list] = {}
-    for path in args.prompts:
-        entries = read_prompt_lines(path)
-        first = entries[0][1]
-        name = first.get("workload") if isinstance(first, dict) else None
-        workloads.setdefault(name if isinstance(name, str) else path.stem, []).extend(entries)
-    return workloads
 
 
 def check_server(args, info: dict, vocab_size: int) -> None:
@@ -145,13 +126,7 @@ def prepare(args, client: DraftClient, model, workloads):
 
 
 def run(args) -> dict:
-    tokenizer = None
-    if args.realpair:
-        realpair.check_fetched(args.realpair, PAIR_DRAFTERS[args.drafter])
-        tokenizer = realpair.chat_tokenizer(args.target)
-    workloads = read_workloads(args, tokenizer)
-    model = load_target(args.target, args.device, args.dtype)
-    generation = realpair.plain_greedy(model, tokenizer) if tokenizer else {"decoding": "greedy"}
+    model, workloads, generation = open_target(args, args.quick)
     with (
         drafter_url(args, model) as (url, target_costs, connect),
         DraftClient(url, args.api_key, timeout_s=DRAFT_TIMEOUT_S) as client,

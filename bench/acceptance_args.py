@@ -13,8 +13,8 @@ import torch
 
 from bench.harness.decoding import PAIR_DRAFTERS
 from bench.harness.gpu_floors import GPU_MODELS
+from bench.pair_choice import add_pair_arguments
 from bench.realpair import benchmark as realpair
-from bench.testbed import PAIR
 from drafter.integrations.transformers_generate import AUTO
 from drafter.sessions.draft_source import MODEL, SOURCES
 
@@ -57,22 +57,10 @@ def parser_for(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    pair = parser.add_mutually_exclusive_group()
-    pair.add_argument(
-        "--testbed", nargs="?", const=PAIR, type=Path, metavar="DIR", help="the testbed pair's directory"
-    )
-    pair.add_argument(
-        "--realpair",
-        nargs="?",
-        const=realpair.DEFAULT_DIR,
-        type=Path,
-        metavar="DIR",
-        help=f"the real pair's directory, as `{realpair.FETCH}` leaves it [build/realpair]",
-    )
+    add_pair_arguments(parser, "--realpair: its quick prompts, 2 per kind")
     parser.add_argument(
         "--drafter", choices=PAIR_DRAFTERS, default="weight-only", help="the pair's drafter [weight-only]"
     )
-    parser.add_argument("--quick", action="store_true", help="--realpair: its quick prompts, 2 per kind")
     parser.add_argument("--target", type=Path, help="HF checkpoint directory of the target, or a preset")
     parser.add_argument("--url", help="base URL of a running drafter server [a pair: servers it starts]")
     parser.add_argument("--prompts", type=Path, action="append", help="a workload's JSONL (repeatable)")

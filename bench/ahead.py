@@ -1,20 +1,41 @@
-"""Drafting ahead on the testbed pair: the target runs its real speculative loop (bench/harness/decoding.py's,
-as in bench/acceptance.py) on each workload against a fresh drafter server with `--draft-ahead 0` and with
-`--draft-ahead N`, and this reports per run the hit rate (overall and by accepted count, from the server's
-/info), each call's latency as the target waited for it, split into hits (answered from a branch: no engine
-time) and the rest, the target's tokens/s measured here, and the same rounds projected on a GPU
-(bench/harness/projection.py) where a hit costs only the call's overhead.
+"""Drafting ahead on a pair: the target runs its real speculative loop (bench/harness/decoding.py's, as in
+bench/acceptance.py) on each workload against a drafter server (its FP8 weight-only drafter, model drafts)
+with `--draft-ahead 0` and with `--draft-ahead N`: a fresh server per setting, which serves the workloads in
+turn (each row is /info's counts before and after its workload; a server's start and warm-up is most of a
+small run's time). This reports per workload and setting the hit rate (overall, after each conversation's
+cold start, and by accepted count, from the server's /info), each call's latency as the target waited for
+it, split into hits (answered from a branch: no engine time), the cold start and the rest, the target's
+tokens/s measured here, whether every output is the target's own (lossless), and the same rounds projected
+on a GPU (bench/harness/projection.py) where a hit costs only the call's overhead.
 
-    python -m bench.ahead [--branches 8] [--num-draft-tokens 8] [--workloads code,edit,prose] [--json OUT]
+    python -m bench.ahead [--testbed [DIR]] [--branches 8] [--num-draft-tokens 8] [--workloads code,edit,prose]
+    python -m bench.ahead --realpair [DIR] [--quick] [--verify-floor-ms 0,auto] [--json OUT]
+
+`--testbed` (the default) is the committed pair (bench/testbed/); `--realpair` the real one (Qwen2.5-Coder-
+1.5B-Instruct verifying Qwen2.5-Coder-0.5B-Instruct's drafts, from `python -m bench.realpair fetch`), on
+bench/realpair/prompts.jsonl's quick prompts under the target's chat template, decoding greedily to
+`<|im_end|>`, k = 3, 2 prompts per kind at 64 new tokens (about 20 minutes on a 2-core CPU), `--quick` 1 at
+48 (about 8); bench/ahead_args.py says why. A real pair not on disk exits 2 with one line naming the fetch.
 
 On the CPU the target and the drafter share the machine's cores, so ahead work slows the target's verify
 pass; the projection assumes, as a GPU with the drafter beside the target would roughly give, that it
-overlaps the verify at no cost to it (an upper bound: both read the same memory bus). And on the CPU this
-small target verifies faster than the drafter's ahead loop runs, so the server rightly drafts nothing ahead
+overlaps the verify at no cost to it (an upper bound: both read the same memory bus). And on the CPU the
+target verifies faster than the drafter's ahead loop runs, so the server rightly drafts nothing ahead
 (too_slow). `--verify-floor-ms X` makes every verify pass last at least X ms, the rest spent asleep (the
-CPU idle, as when the target verifies on a GPU): set it to the ratio of a GPU's verify to a draft step
-(~22 for Qwen3-8B over an FP8 Qwen3-0.6B on an H100) times /info's ahead step_ms, to measure the hit rate
-the prediction itself reaches when branches are ready in time.
+CPU idle, as when the target verifies on a GPU), to measure the hit rate the prediction itself reaches when
+branches are ready in time. X should be a GPU's ratio of verify to draft step times the server's ahead
+step_ms: `auto` takes the ratio from the pair's GPU model (bench/harness/gpu_floors.py: for the real pair an
+H100's Qwen2.5-Coder-1.5B bf16 verify over its 0.5B FP8 draft step, 0.92 / 0.19 ms, 4.9; for the testbed
+Qwen3-8B over Qwen3-0.6B, 22) and the step from a calibration before the workloads: a server drafting ahead,
+a random prompt decoded with every verify lasting CALIBRATION_FLOOR_MS (the CPU left to its loops), /info's
+step_ms. A list (the real pair's default `0,auto`) runs both server settings once per floor.
+
+The first two calls of each conversation are its cold start, which no branch can answer: the first
+verifies nothing (the server's /info does not count it) and after it nothing is planned, since the server
+plans only when a session's next call would come after its loop ends and the session's pace is not known yet;
+the second finds no branch (not_ready), and the branches planned after it can answer the third. Their latency
+is reported apart (`call_ms_cold`), and the hit rate also without them (`hit_rate_after_cold`); /info's own
+rate (`hit_rate`) counts every call but the first.
 """
 
 from __future__ import annotations
@@ -24,12 +45,12 @@ import contextlib
 import json
 import sys
 import time
-from pathlib import Path
 
+from bench.ahead_args import AUTO_FLOOR, parse_args
+from bench.ahead_report import print_table
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
-    PAIR_DRAFTERS,
-    load_target,
+    pair_server_flags,
     speculative_greedy,
     started_server,
     target_cost_flags,
@@ -38,34 +59,20 @@ from bench.harness.decoding import (
 )
 from bench.harness.machine import describe
 from bench.harness.projection import GpuModel
-from bench.harness.prompts import (
-    WARMUP_PROMPT_LEN,
-    WARMUP_SEED,
-    load_prompts,
-    random_prompts,
-    read_prompt_lines,
-)
+from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, load_prompts, random_prompts
 from bench.harness.report import percentiles
-from bench.testbed import PAIR
+from bench.pair_choice import open_target
 from drafter.client import DraftClient
-from drafter.integrations.transformers_generate import AUTO, SpeculationStats
+from drafter.integrations.transformers_generate import SpeculationStats
 from drafter.sessions.draft_source import MODEL
 
-
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--branches", type=int, default=8, help="--draft-ahead of the 'on' runs [8]")
-    parser.add_argument("--num-draft-tokens", default="8", help="k, or auto [8]")
-    parser.add_argument("--workloads", default="code,edit,prose", help="the testbed's workloads to run")
-    parser.add_argument("--max-prompts", type=int, default=None, help="first N prompts of each workload")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="[the recipe's]")
-    parser.add_argument(
-        "--verify-floor-ms", type=float, default=0.0, help="every verify pass lasts at least this [0]"
-    )
-    parser.add_argument("--json", type=Path, help="write the report here")
-    args = parser.parse_args(argv)
-    args.k = AUTO if args.num_draft_tokens == AUTO else int(args.num_draft_tokens)
-    return args
+MAX_SEQ_LEN = 4096
+# Untimed decodes are short: the target's verify probe (what the server is told, which only `auto` k weighs)
+# and a fresh server's warm-up need a few rounds, not a whole answer; the floor's calibration a few more, for
+# the server's moving average of its ahead step to outgrow its first loop.
+PROBE_NEW_TOKENS, WARMUP_NEW_TOKENS, CALIBRATION_NEW_TOKENS = 16, 8, 16
+CALIBRATION_FLOOR_MS = 2000.0  # a verify long enough for an ahead loop of the real pair's k on an idle CPU
+COLD_CALLS = 2  # a conversation's calls that no branch can answer (see above)
 
 
 def projected(rounds: list[tuple[int, int, bool]], hits: list[bool], gpu: GpuModel) -> float:
@@ -100,37 +107,87 @@ def verify_floor(model, floor_ms: float):
             del model.forward  # the class's own again
 
 
-def run_one(args, model, flags, prompts, warmup, reference, alone_s, gpu) -> dict:
+@contextlib.contextmanager
+def warm_server(args, model, flags, warmup: list[int], floor_ms: float, new_tokens: int = WARMUP_NEW_TOKENS):
+    """A client of a fresh server with these flags, after an untimed decode of `new_tokens` after `warmup` (a
+    fresh server's first calls), with every verify of the target lasting at least `floor_ms` throughout."""
     with (
         started_server(flags) as url,
         DraftClient(url, timeout_s=DRAFT_TIMEOUT_S) as client,
-        verify_floor(model, args.verify_floor_ms),
+        verify_floor(model, floor_ms),
     ):
-        n = args.max_new_tokens
-        speculative_greedy(model, client, warmup, n, SpeculationStats(args.k), False, MODEL)
-        before = client.info().get("draft_ahead", {})
-        stats, outputs, seconds = SpeculationStats(args.k), [], 0.0
-        for prompt in prompts:
-            out, took = timed(speculative_greedy, model, client, prompt, n, stats, False, MODEL)
-            outputs.append(out)
-            seconds += took
-        after = client.info().get("draft_ahead", {})
+        speculative_greedy(model, client, warmup, new_tokens, SpeculationStats(args.k), False, MODEL)
+        yield client
+
+
+def ahead_step_ms(args, model, flags: list[str], warmup: list[int]) -> float:
+    """The server's ahead step time (/info's step_ms) with the CPU idle while the target verifies: a server
+    drafting ahead, warmed with every verify lasting CALIBRATION_FLOOR_MS."""
+    flags = [*flags, f"--draft-ahead={args.branches}"]
+    with warm_server(args, model, flags, warmup, CALIBRATION_FLOOR_MS, CALIBRATION_NEW_TOKENS) as client:
+        step_ms = client.info().get("draft_ahead", {}).get("step_ms")
+    if step_ms is None:
+        raise BenchError(
+            "calibrating --verify-floor-ms auto, the server drafted nothing ahead: give it in ms"
+        )
+    return step_ms
+
+
+def settled_floors(args, model, flags, warmup) -> list[dict]:
+    """Each --verify-floor-ms as {"ms", "basis"}: `auto` the GPU's verify / draft step ratio times the
+    calibrated ahead step."""
+    if AUTO_FLOOR not in args.verify_floor_ms:
+        return [{"ms": ms, "basis": "given"} for ms in args.verify_floor_ms]
+    step_ms, gpu = ahead_step_ms(args, model, flags, warmup), args.gpu
+    ratio = gpu.verify_ms / gpu.draft_step_ms
+    auto = {
+        "ms": ratio * step_ms,
+        "basis": f"auto: {gpu.name}'s verify / draft step ({gpu.verify_ms:.3f} / {gpu.draft_step_ms:.3f} ms "
+        f"= {ratio:.2f}) x the server's ahead step on an idle CPU ({step_ms:.1f} ms)",
+    }
+    print(f"verify floor {auto['basis']}: {auto['ms']:.0f} ms", file=sys.stderr)
+    return [auto if ms == AUTO_FLOOR else {"ms": ms, "basis": "given"} for ms in args.verify_floor_ms]
+
+
+def cold_calls(starts: list[int], num_calls: int) -> tuple[set[int], set[int]]:
+    """Indices of each conversation's first COLD_CALLS calls, and of its first alone (which /info does not
+    count: it verifies nothing), given where each conversation's calls start."""
+    spans = list(zip(starts, [*starts[1:], num_calls], strict=True))
+    cold = {i for start, end in spans for i in range(start, min(start + COLD_CALLS, end))}
+    return cold, {start for start, end in spans if end > start}
+
+
+def measure(args, model, client, prompts, reference, alone_s) -> dict:
+    """One workload's prompts through a warm server: its row."""
+    n, stop = args.max_new_tokens, args.stop_at_eos
+    before = client.info().get("draft_ahead", {})
+    stats, outputs, seconds, starts = SpeculationStats(args.k), [], 0.0, []
+    for prompt in prompts:
+        starts.append(len(stats.draft_call_ms))
+        out, took = timed(speculative_greedy, model, client, prompt, n, stats, stop, MODEL)
+        outputs.append(out)
+        seconds += took
+    after = client.info().get("draft_ahead", {})
     # A call with drafts and no engine time was answered from a branch.
     hits = [engine == 0.0 for engine in stats.draft_engine_ms]
     calls = stats.draft_call_ms
+    cold, firsts = cold_calls(starts, len(calls))
     delta = {key: after[key] - before.get(key, 0) for key in ("hits", "misses", "not_ready") if key in after}
     by_accepted = [
         a - b
         for a, b in zip(after.get("hits_by_accepted", []), before.get("hits_by_accepted", []), strict=False)
     ]
-    answered = sum(delta.values()) if delta else 0
+    answered = sum(delta.values()) if delta else 0  # every call but each conversation's first
+    warm = answered - len(cold - firsts)
     tokens = sum(map(len, outputs))
     return {
         "lossless": outputs == reference,
         "rounds": stats.num_rounds,
         "mean_accepted_tokens": stats.mean_accepted_tokens,
         "hit_rate": delta["hits"] / answered if answered else None,
+        "hit_rate_after_cold": delta["hits"] / warm if warm > 0 else None,
         **delta,
+        "cold_calls": len(cold),
         "hits_by_accepted": by_accepted,
         "wasted_steps": after.get("wasted_steps", 0) - before.get("wasted_steps", 0),
         "preempted": after.get("preempted", 0) - before.get("preempted", 0),
@@ -138,74 +195,117 @@ def run_one(args, model, flags, prompts, warmup, reference, alone_s, gpu) -> dic
         "ahead_step_ms": after.get("step_ms"),
         "call_ms_hit": percentiles([c for c, h in zip(calls, hits, strict=True) if h]),
         "call_ms_miss": percentiles([c for c, h in zip(calls, hits, strict=True) if not h]),
+        "call_ms_cold": percentiles([calls[i] for i in sorted(cold)]),
         "call_ms_all": percentiles(calls),
         # The server's own time on a hit (Server-Timing receive + host: no queue, no engine).
         "server_ms_hit": percentiles([t for t, h in zip(stats.draft_server_ms, hits, strict=True) if h]),
         "server_engine_ms_mean": sum(stats.draft_engine_ms) / max(1, len(stats.draft_engine_ms)),
         "target_tokens_per_s_cpu": tokens / seconds,
         "target_alone_tokens_per_s_cpu": sum(map(len, reference)) / alone_s,
-        "projected_gpu_tokens_per_s": projected(stats.round_log, hits, gpu),
-        "projected_gpu_alone_tokens_per_s": 1e3 / gpu.verify_ms,
+        "projected_gpu_tokens_per_s": projected(stats.round_log, hits, args.gpu),
+        "projected_gpu_alone_tokens_per_s": 1e3 / args.gpu.verify_ms,
+    }
+
+
+def target_alone(args, model, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+    """The target's own greedy outputs (the reference a lossless run reproduces) and their seconds."""
+    outputs, seconds = [], 0.0
+    for prompt in prompts:
+        out, took = timed(target_greedy, model, prompt, args.max_new_tokens, args.stop_at_eos)
+        outputs.append(out)
+        seconds += took
+    return outputs, seconds
+
+
+def chosen_workloads(args, workloads: dict[str, list]) -> dict[str, list]:
+    unknown = [name for name in args.workloads if name not in workloads]
+    if unknown:
+        raise BenchError(f"--workloads {','.join(unknown)}: the pair's are {','.join(workloads)}")
+    return {name: workloads[name][: args.max_prompts] for name in args.workloads}
+
+
+def measure_settings(args, model, floors, base, costs, warmup, prompts, references):
+    """Per floor, --draft-ahead 0 and N, each a fresh server through every workload: the rows, and each
+    setting's wall time (its server's start and warm-up included)."""
+    rows, servers = [], []
+    for floor in floors:
+        # The server is told the costs the target now has: the floor's, where it is the longer (a GPU's
+        # verify, whose extra tokens cost ~nothing), else the measured step and per-token cost.
+        cost_flags, verify_ms = costs
+        floored = ["--target-verify-ms", f"{floor['ms']:.3f}"]
+        told = pair_server_flags(
+            args.pair, args.drafter, "cpu", floored if floor["ms"] > verify_ms else cost_flags
+        )
+        for branches in (0, args.branches):
+            started = time.perf_counter()
+            flags = [*told, *base, f"--draft-ahead={branches}"]
+            with warm_server(args, model, flags, warmup, floor["ms"]) as client:
+                for workload, workload_prompts in prompts.items():
+                    row = measure(args, model, client, workload_prompts, *references[workload])
+                    rows.append(
+                        {"workload": workload, "draft_ahead": branches, "verify_floor_ms": floor["ms"], **row}
+                    )
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+            seconds = time.perf_counter() - started
+            servers.append({"verify_floor_ms": floor["ms"], "draft_ahead": branches, "seconds": seconds})
+    return rows, servers
+
+
+def run(args) -> dict:
+    began = time.perf_counter()
+    model, workloads, generation = open_target(args, quick_prompts=True)
+    workloads = chosen_workloads(args, workloads)
+    args.stop_at_eos = bool(args.realpair)  # a chat answer ends at <|im_end|>; the testbed's text does not
+    vocab = model.config.vocab_size
+    [warmup] = random_prompts(vocab, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
+    cost_flags, verify_ms, _ = target_cost_flags(
+        model, warmup, argparse.Namespace(max_new_tokens=PROBE_NEW_TOKENS)
+    )
+    base = ["--draft-source", MODEL, "--max-seq-len", str(MAX_SEQ_LEN)]
+    base += [f"--max-batch-size={max(8, args.branches)}"]  # one loop drafts all of a session's branches
+    floors = settled_floors(
+        args, model, [*pair_server_flags(args.pair, args.drafter, "cpu", cost_flags), *base], warmup
+    )
+    prompts, references = {}, {}
+    for workload, entries in workloads.items():
+        where = argparse.Namespace(max_new_tokens=args.max_new_tokens, target=args.target)
+        prompts[workload] = load_prompts(where, entries, vocab, MAX_SEQ_LEN)
+        references[workload] = target_alone(args, model, prompts[workload])
+    costs = (cost_flags, verify_ms)
+    rows, servers = measure_settings(args, model, floors, base, costs, warmup, prompts, references)
+    return {
+        "machine": describe("cpu"),
+        "pair": str(args.pair),
+        "k": args.k,
+        "branches": args.branches,
+        "max_new_tokens": args.max_new_tokens,
+        "num_prompts": {workload: len(entries) for workload, entries in workloads.items()},
+        "stop_at_eos": args.stop_at_eos,
+        "generation": generation,
+        "target_verify_ms": verify_ms,
+        "verify_floors": floors,
+        "gpu_model": args.gpu.as_dict(),
+        "rows": rows,
+        "servers": servers,  # each setting's wall time, its server's start and warm-up included
+        "seconds": time.perf_counter() - began,
     }
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    from bench.testbed.recipe import FULL
-
-    args.max_new_tokens = args.max_new_tokens or FULL.workload_new_tokens
-    model = load_target(PAIR / "target", "cpu", "float32")
-    vocab = model.config.vocab_size
-    [warmup] = random_prompts(vocab, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
-    cost_flags, _, _ = target_cost_flags(
-        model, warmup, argparse.Namespace(max_new_tokens=args.max_new_tokens)
-    )
-    gpu = GpuModel()
-    base = ["--model", str(PAIR / PAIR_DRAFTERS["weight-only"]), "--device", "cpu", *cost_flags]
-    base += ["--draft-source", MODEL, "--max-seq-len", "4096"]
-    base += [f"--max-batch-size={max(8, args.branches)}"]  # one loop drafts all of a session's branches
-    report = {"machine": describe("cpu"), "k": args.k, "branches": args.branches, "gpu_model": gpu.as_dict()}
-    report["verify_floor_ms"] = args.verify_floor_ms
-    rows = []
-    for workload in args.workloads.split(","):
-        path = PAIR / "workloads" / f"{workload}.jsonl"
-        entries = read_prompt_lines(path)[: args.max_prompts]
-        where = argparse.Namespace(max_new_tokens=args.max_new_tokens, target=PAIR / "target")
-        prompts = load_prompts(where, entries, vocab, 4096)
-        target_greedy(model, warmup, args.max_new_tokens)
-        reference, alone_s = [], 0.0
-        for prompt in prompts:
-            out, took = timed(target_greedy, model, prompt, args.max_new_tokens)
-            reference.append(out)
-            alone_s += took
-        for branches in (0, args.branches):
-            flags = [*base, f"--draft-ahead={branches}"]
-            row = run_one(args, model, flags, prompts, warmup, reference, alone_s, gpu)
-            rows.append({"workload": workload, "draft_ahead": branches, **row})
-            print(json.dumps(rows[-1]), file=sys.stderr)
-    report["rows"] = rows
+    args = parse_args(argv, __doc__.split("\n\n")[0])
+    try:
+        report = run(args)
+    except (BenchError, OSError) as error:
+        print(f"ahead: error: {error}", file=sys.stderr)
+        return 2
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
-    print_table(rows)
-    return 0 if all(r["lossless"] for r in rows) else 1
-
-
-def print_table(rows: list[dict]) -> None:
-    def ms(stats: dict | None, key: str) -> str:
-        return f"{stats[key]:.2f}" if stats and stats.get(key) is not None else "-"
-
-    print("| workload | ahead | hit rate | hits by accepted | p50 / p99 hit ms | server p50 / p99 hit ms | "
-          "p50 / p99 other ms | tok/s CPU | tok/s projected GPU | lossless |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        rate = f"{r['hit_rate']:.0%}" if r["hit_rate"] is not None else "-"
-        print(
-            f"| {r['workload']} | {r['draft_ahead']} | {rate} | {r['hits_by_accepted'] or '-'} | "
-            f"{ms(r['call_ms_hit'], 'p50')} / {ms(r['call_ms_hit'], 'p99')} | "
-            f"{ms(r['server_ms_hit'], 'p50')} / {ms(r['server_ms_hit'], 'p99')} | "
-            f"{ms(r['call_ms_miss'], 'p50')} / {ms(r['call_ms_miss'], 'p99')} | "
-            f"{r['target_tokens_per_s_cpu']:.1f} | {r['projected_gpu_tokens_per_s']:.1f} | {r['lossless']} |"
-        )
+    order = list(report["num_prompts"])
+    print_table(sorted(report["rows"], key=lambda row: order.index(row["workload"])))
+    for floor in report["verify_floors"]:
+        print(f"\nverify floor {floor['ms']:.0f} ms: {floor['basis']}")
+    print(f"{report['seconds']:.0f} s on {report['machine']['cpu']}")
+    return 0 if all(r["lossless"] for r in report["rows"]) else 1
 
 
 if __name__ == "__main__":

@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cases = sweep_cases(args)
     loaded = load_model(args.model, DTYPES[args.dtype], args.device)
-    weights = machine.weight_bytes(loaded.model)
+    weights = machine.served_weight_bytes(loaded, DTYPES[args.dtype], args.device)
     kv_per_position = machine.kv_bytes_per_position(loaded.config, DTYPES[args.dtype].itemsize)
     sizes = {
         "vocab_size": loaded.config.vocab_size,

@@ -88,6 +88,26 @@ def test_weight_bytes_count_the_tied_embedding_once():
     assert machine.weight_bytes(load_model("tiny").model) == expected
 
 
+def test_served_weight_bytes_count_fp8_linears_as_the_cpu_dequantizes_them():
+    """On the CPU the engine turns FP8 linears into plain weights at load, so a step reads those bytes; the
+    floor of an FP8 checkpoint there is the plain model's (plus its float32 scales), on a GPU the fp8 bytes."""
+    from bench.testbed import PAIR
+
+    plain = load_model(str(PAIR / "drafter"))
+    exported = {mode: load_model(str(PAIR / f"drafter-fp8-{mode}")) for mode in ("weight-only", "dynamic")}
+    scales = 4 * 7 * plain.config.num_hidden_layers
+    as_loaded = machine.weight_bytes(exported["weight-only"].model)
+    assert machine.served_weight_bytes(exported["weight-only"], torch.float32, "cpu") == (
+        machine.weight_bytes(plain.model) + scales
+    )
+    # bf16 weight-only: the fp8 linears read as bf16; dynamic: as float32 whatever the dtype.
+    linears = sum(p.numel() for p in exported["weight-only"].model.parameters() if p.dtype.itemsize == 1)
+    assert machine.served_weight_bytes(exported["weight-only"], torch.bfloat16, "cpu") == as_loaded + linears
+    assert machine.served_weight_bytes(exported["dynamic"], torch.bfloat16, "cpu") == as_loaded + 3 * linears
+    assert machine.served_weight_bytes(exported["weight-only"], torch.float32, "cuda") == as_loaded
+    assert machine.served_weight_bytes(plain, torch.float32, "cpu") == machine.weight_bytes(plain.model)
+
+
 def test_sweep_varies_one_factor_at_a_time_around_the_centre():
     args = parse_args(
         ["--quick", "--contexts", "128,1024,4096", "--draft-lengths", "4,8", "--concurrency", "1,4"]

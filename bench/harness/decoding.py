@@ -148,6 +148,13 @@ def started_server(flags: list[str]):
         server.close()
 
 
+def pair_server_flags(pair: Path, drafter: str, device: str, cost_flags: list[str]) -> list[str]:
+    """A server's flags for a pair's drafter (a PAIR_DRAFTERS name), told the target's costs (`cost_flags`:
+    target_cost_flags's, or a --target-verify-ms alone)."""
+    model_dir = pair / PAIR_DRAFTERS[drafter]
+    return ["--model", str(model_dir), "--device", device, *cost_flags]
+
+
 @contextlib.contextmanager
 def drafter_url(args, model):
     """The server to use, the verify time it was told, and `connect()`, a client for one run: --url's server,
@@ -158,10 +165,9 @@ def drafter_url(args, model):
         return
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     cost_flags, verify_ms, token_ms = target_cost_flags(model, warmup, args)
-    model_dir = args.pair / PAIR_DRAFTERS[args.drafter]
-    flags = ["--model", str(model_dir), "--device", args.device, *cost_flags]
+    flags = pair_server_flags(args.pair, args.drafter, args.device, cost_flags)
     print(
-        f"drafter servers on {model_dir} (target step {verify_ms:.2f} ms, {token_ms:.2f} ms per more token "
+        f"drafter servers on {flags[1]} (target step {verify_ms:.2f} ms, {token_ms:.2f} ms per more token "
         "verified)",
         file=sys.stderr,
     )

@@ -79,6 +79,19 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def served_weight_bytes(loaded, dtype: torch.dtype, device: str) -> int:
+    """`weight_bytes` of a loaded checkpoint (engine/model/loader.py's LoadedModel) as the eager engine on
+    `device` reads them per step. On the CPU it dequantizes each FP8 linear once at load into a plain weight
+    (engine/model/cpu_linears.py: `dtype` for weight-only, float32 for dynamic), so a step there reads those
+    bytes, not the checkpoint's one byte a weight; a GPU reads the fp8 bytes."""
+    counted = weight_bytes(loaded.model)
+    if torch.device(device).type != "cpu" or loaded.quantization == "none":
+        return counted
+    served = torch.float32 if loaded.quantization == "fp8-dynamic" else dtype
+    fp8 = [p for p in loaded.model.parameters() if p.dtype == torch.float8_e4m3fn]
+    return counted + sum(p.numel() for p in fp8) * (served.itemsize - 1)
+
+
 def kv_bytes_per_position(config, element_size: int) -> int:
     """Bytes of keys and values one context position holds across all layers (`config`: a ModelConfig)."""
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element_size

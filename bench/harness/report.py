@@ -19,6 +19,7 @@ def summarize(case: dict, latencies_s: list[float], floor: float) -> dict:
         "p90_ms": float(np.percentile(ms, 90)),
         "p99_ms": float(np.percentile(ms, 99)),
         "mean_ms": mean,
+        "min_ms": float(ms.min()),  # the least disturbed call: on a shared machine, the closest to its speed
         # Closed-loop clients: by Little's law, requests in flight / mean latency.
         "throughput_rps": case["concurrency"] / mean * 1e3,
         # A call's p50 per draft token: a decode step's cost, with the call's fixed cost spread over k.

@@ -5,11 +5,10 @@ measured on this machine and projected for the GPU)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bench.harness.projection import project
-from bench.harness.report import percentiles
+from bench.harness.report import percentiles, write_report
 
 AUTO = "auto"
 
@@ -176,9 +175,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def write_outputs(report: dict, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (directory / "report.md").write_text(markdown(report))
+    write_report(directory, report, markdown(report))
     plot(report, directory / "speedup.png")
 
 

@@ -6,12 +6,11 @@ bench/acceptance_report.py's style)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bench.acceptance_report import fmt
 from bench.harness.projection import GpuModel, project
-from bench.harness.report import percentiles
+from bench.harness.report import percentiles, write_report
 
 GOAL_RATIO = 1.3  # the adapting drafter's tokens per round over the fixed one's, after a few thousand tokens
 FLOOR_RATIO = 0.98  # never more than 2% below the fixed drafter in any window
@@ -202,9 +201,7 @@ def plot(report: dict, path: Path) -> None:
 
 
 def write_outputs(report: dict, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    (directory / "report.md").write_text(markdown(report))
+    write_report(directory, report, markdown(report))
     plot(report, directory / "adapt.png")
 
 

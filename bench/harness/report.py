@@ -3,6 +3,9 @@ percentiles of any measurements."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 BASELINE = "hf-generate"
@@ -129,3 +132,10 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def write_report(directory: Path, report: dict, markdown: str) -> None:
+    """A benchmark's report.json and report.md in `directory` (made if missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (directory / "report.md").write_text(markdown)

@@ -43,6 +43,7 @@ from bench.harness.gpu_floors import GPU_MODELS
 from bench.harness.machine import describe
 from bench.harness.projection import project
 from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
+from bench.harness.report import write_report
 from bench.realpair import benchmark as realpair
 from drafter.client import AsyncDraftClient, DraftClient
 
@@ -342,8 +343,6 @@ def main(args: argparse.Namespace) -> int:
     report = run(args)
     text = markdown(report)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.json").write_text(json.dumps(report, indent=1))
-        (args.out / "report.md").write_text(text)
+        write_report(args.out, report, text)
     print(text)
     return 0

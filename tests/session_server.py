@@ -31,6 +31,7 @@ def session_server_args(directory: Path) -> list[str]:
         # A verify pass worth ~50 draft steps or more, whatever this shared CPU measures at startup, so
         # auto's choices depend on acceptance, not on the machine's load.
         "--target-verify-ms=50",
+        "--target-cost=told",  # this scripted target answers at once: its gaps are no target's rounds
         f"--auto-max-queue={AUTO_MAX_QUEUE}",
         "--draft-source=model",  # drafts checked against transformers' (suffix: test_server_suffix)
     ]

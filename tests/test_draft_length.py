@@ -16,6 +16,7 @@ from drafter.sessions.draft_length import (
     DraftLengthPolicy,
     Load,
 )
+from drafter.sessions.target_cost import TargetCost
 
 MAX_K = 16
 IDLE = Load(queue_depth=0, running=0)
@@ -100,15 +101,18 @@ def test_draft_length_never_exceeds_the_room_left_and_is_zero_at_worst_acceptanc
 CPU_COST = DraftCost(target_verify_ms=417.0, draft_base_ms=50.0, step_ms=160.0, target_token_ms=146.0)
 
 
-def simulated_ms_per_token(choose, p: float, rounds: int = 400, seed: int = 0) -> float:
-    """The target's ms per token over scripted rounds (each draft kept with probability p) at CPU_COST."""
+def simulated_ms_per_token(choose, p: float, rounds: int = 400, seed: int = 0, gaps=None) -> float:
+    """The target's ms per token over scripted rounds (each draft kept with probability p) at CPU_COST;
+    `gaps(k, ms)` hears each round's target time, as the server hears the gap before the next call."""
     rng, acceptance, tokens, ms = random.Random(seed), Acceptance(), 0, 0.0
     for _ in range(rounds):
         k = choose(acceptance)
         accepted = scripted_round(rng, p, k)
         tokens += 1 + accepted
-        ms += CPU_COST.target_verify_ms + k * CPU_COST.target_token_ms
-        ms += CPU_COST.draft_base_ms + k * CPU_COST.step_ms if k else 0.0
+        round_ms = CPU_COST.target_verify_ms + k * CPU_COST.target_token_ms
+        ms += round_ms + (CPU_COST.draft_base_ms + k * CPU_COST.step_ms if k else 0.0)
+        if gaps is not None:
+            gaps(k, round_ms)
         acceptance = acceptance.updated(k, accepted)
     return ms / tokens
 
@@ -135,6 +139,59 @@ def test_without_the_per_token_cost_auto_drafts_longer_than_pays_on_a_cpu():
     told_ms = simulated_ms_per_token(lambda a: told.choose(a, IDLE, room=1000), p)
     untold_ms = simulated_ms_per_token(lambda a: untold.choose(a, IDLE, room=1000), p)
     assert told_ms < untold_ms
+
+
+@pytest.mark.parametrize("told_step_ms", [417.0, 25.0])  # right, and the default (a GPU target's step)
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.85, 0.95])
+def test_auto_told_wrong_target_costs_learns_them_from_call_gaps_and_never_costs_more_than_5_percent(
+    told_step_ms, p
+):
+    """Told nothing of the per-token cost (or not even the step), the policy learns the target's round from
+    the gaps between calls and ends where the told one does: never 5% slower than the target alone."""
+    blind = DraftCost(told_step_ms, CPU_COST.draft_base_ms, CPU_COST.step_ms)
+    auto = DraftLengthPolicy(blind, MAX_K, max_batch_size=8, max_queue_depth=8)
+    ms = simulated_ms_per_token(lambda a: auto.choose(a, IDLE, room=1000), p, gaps=auto.target.observe)
+    fixed = [simulated_ms_per_token(lambda a, k=k: k, p) for k in range(0, MAX_K + 1)]
+    assert ms <= 1.05 * fixed[0], (ms, fixed[0])
+    assert ms <= 1.15 * min(fixed), (ms, int(np.argmin(fixed)))
+
+
+def test_target_cost_takes_medians_of_call_gaps_by_draft_length():
+    cost = TargetCost(told_step_ms=25.0, told_token_ms=0.0, max_drafts=8)
+    assert float(cost.round_ms(4)) == 25.0  # told, until gaps arrive
+    for gap in (880.0, 884.0, 890.0, 60_000.0):  # a person's pause between turns is one gap of many
+        cost.observe(4, gap)
+    # No plain step seen: the told step stands and the excess goes on the drafts (drafting less, not more).
+    assert cost.step_ms == 25.0 and cost.token_ms == pytest.approx((887.0 - 25.0) / 4)
+    for gap in (400.0, 398.0, 402.0):
+        cost.observe(0, gap)
+    assert cost.step_ms == 400.0 and float(cost.round_ms(4)) == pytest.approx(887.0)
+    cost.observe(99, 1.0)  # more drafts than the server sends: not a round this server made
+    assert cost.num_rounds == 7
+
+
+def test_a_suffix_lead_is_cut_where_verifying_its_tokens_costs_more_than_they_bring():
+    cpu = DraftLengthPolicy(CPU_COST, MAX_K, 8, 8)
+    estimate = Acceptance(accepted=1, rejected=9)  # the model drafts nothing worth its steps
+    sure_then_unlikely = [0.99, 0.98, 0.97, 0.2, 0.05, 0.01]
+    assert cpu.plan(estimate, IDLE, 1000, sure_then_unlikely) == (3, 0)
+    # Verified tokens cost ~nothing on a GPU: a likely lead is kept whole and the model goes on after it; an
+    # unlikely tail gives way to the model's drafts, which count only if the lead before them is kept.
+    gpu, likely = DraftLengthPolicy(COST, MAX_K, 8, 8), Acceptance(accepted=8, rejected=2)
+    lead, k = gpu.plan(likely, IDLE, 1000, [0.99] * 6)
+    assert lead == 6 and k >= 1
+    lead, k = gpu.plan(likely, IDLE, 1000, sure_then_unlikely)
+    assert lead == 3 and k >= 1
+
+
+def test_a_probe_shortens_a_suffix_lead_that_fills_the_draft_so_the_model_learns_again():
+    gpu = DraftLengthPolicy(COST, 4, 8, 8)
+    estimate = Acceptance(accepted=1, rejected=9)
+    lead = [0.9] * 4
+    assert gpu.plan(estimate, IDLE, 1000, lead) == (4, 0)
+    waited = Acceptance(accepted=1, rejected=9, rounds_without_drafts=PROBE_EVERY)
+    length, k = gpu.plan(waited, IDLE, 1000, lead)
+    assert k >= 1 and length + k <= 4
 
 
 def test_acceptance_learns_from_accepted_drafts_and_rejections():
@@ -175,6 +232,8 @@ def test_default_draft_length_flag_and_variable_take_auto_or_a_count():
         config_from_args(["--device=cpu", "--target-verify-ms=0"], {})
     with pytest.raises(UsageError, match="--target-verify-ms-per-token"):
         config_from_args(["--device=cpu", "--target-verify-ms-per-token=-1"], {})
+    with pytest.raises(UsageError, match="--target-cost must be one of learn, told"):
+        config_from_args(["--device=cpu", "--target-cost=guess"], {})
     told = config_from_args(["--device=cpu"], {"DRAFTER_TARGET_VERIFY_MS_PER_TOKEN": "12.5"})
     assert told.target_verify_ms_per_token == 12.5
 

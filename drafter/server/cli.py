@@ -88,6 +88,11 @@ OPTIONS: dict[str, tuple] = {
         "what each more token verified adds to the target's pass, in ms: ~0 where the verify is "
         "memory-bound (a GPU), a sizeable part of a step on a CPU [0]",
     ),
+    "target-cost": (
+        str,
+        "learn: the two flags above are where auto starts, then the gaps between a session's calls (the "
+        "target's own rounds) replace them; told: auto keeps them [learn]",
+    ),
     "auto-max-queue": (int, "queue depth at which auto answers 0 drafts at once [max batch size]"),
     "max-sessions": (int, "sessions held; the least recently used go first [1024]"),
     "session-ttl-s": (float, "a session idle this long is dropped [600]"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drafter.sessions.draft_source import SOURCES
+from drafter.sessions.target_cost import TARGET_COSTS
 from engine.config import EngineConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -71,6 +72,8 @@ class ServerConfig:
         25.0  # the target's step (one token verified), the cost auto weighs drafts against
     )
     target_verify_ms_per_token: float = 0.0  # what each more token verified adds to the target's pass
+    # "learn": the two above are a prior, replaced by the gaps between a session's calls; "told": kept
+    target_cost: str = "learn"
     auto_max_queue: int | None = None  # queue depth at which auto answers 0 drafts at once [max batch size]
     max_sessions: int = 1024  # sessions held (each up to max_seq_len int64 ids); least recently used go first
     session_ttl_s: float = 600.0  # a session idle this long is dropped
@@ -130,6 +133,10 @@ class ServerConfig:
             raise ServerConfigError(f"max_sessions must be at least 1, got {self.max_sessions}")
         if not self.session_ttl_s > 0:
             raise ServerConfigError(f"session_ttl_s must be positive, got {self.session_ttl_s}")
+        if self.target_cost not in TARGET_COSTS:
+            raise ServerConfigError(
+                f"target_cost must be one of {', '.join(TARGET_COSTS)}, got {self.target_cost!r}"
+            )
         if self.draft_source is not None and self.draft_source not in SOURCES:
             raise ServerConfigError(
                 f"draft_source must be one of {', '.join(SOURCES)}, got {self.draft_source!r}"

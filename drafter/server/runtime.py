@@ -140,6 +140,7 @@ class Runtime:
                 config.max_batch_size,
                 config.auto_zero_queue_depth,
                 engine.decode_steps,
+                learn_target_cost=config.target_cost == "learn",
             ),
             self.metrics,
             config.max_draft_tokens,

@@ -1,17 +1,20 @@
 """The draft-length policy behind `"num_draft_tokens": "auto"`: an acceptance estimate per session, and the
-k that maximizes the target's tokens per unit of time under the server's current load.
+draft (k model drafts, after a suffix lead of L tokens where the call's source allows one) that maximizes
+the target's tokens per unit of time under the server's current load.
 
-Why this objective: one speculative round costs the target one verify pass of k + 1 tokens
-(`target_verify_ms + k * target_token_ms`, settings: only the operator knows the target) plus the wait for
-our draft (`draft_base_ms + steps(k) * step_ms`, measured at startup), and yields `1 + E[accepted | k]` tokens
-(the accepted drafts plus the target's own token). With a per-token acceptance p,
-`E[accepted | k] = p + p^2 + ... + p^k`. Leviathan et al.'s speedup analysis maximizes exactly this ratio.
-k = 0 is a plain decode step: `target_verify_ms` for one token, no draft to wait for (the answer skips the
-engine). `target_token_ms` is ~0 where the target's verify is memory-bound (a GPU verifying a few tokens
-reads its weights once, however many); on a CPU each verified token costs compute, a sizeable part of a
-step, and without it the policy drafts long where short drafts or none are faster. `steps(k)` is the
-engine's own count (engine/tiers.py): k eagerly, k + 1 on compiled paths, and under CUDA graphs the
-smallest captured tier >= k plus one, so k = 5 costs what k = 8 does and the policy drafts 8 instead.
+Why this objective: one speculative round costs the target one verify pass of the L + k drafts and its own
+token (`round_ms(L + k)`, drafter.sessions.target_cost: learned from the gaps between a session's calls,
+told by `--target-verify-ms` and `--target-verify-ms-per-token` until then) plus the wait for our draft
+(`draft_base_ms + steps(k) * step_ms`, measured at startup and refined by every batch; nothing when k = 0,
+since the answer skips the engine), and yields `1 + E[accepted]` tokens. With a per-token acceptance p,
+a model draft's `E[accepted | k] = p + p^2 + ... + p^k`; a suffix lead's tokens carry the index's own
+chances, and the model's drafts after it count only if the whole lead is kept. Leviathan et al.'s speedup
+analysis maximizes exactly this ratio. L = k = 0 is a plain decode step. A verified token's cost is ~0
+where the target's verify is memory-bound (a GPU verifying a few tokens reads its weights once, however
+many); on a CPU it is compute, a sizeable part of a step, and without it the policy drafts long where
+short drafts or none are faster. `steps(k)` is the engine's own count (engine/tiers.py): k eagerly, k + 1 on
+compiled paths, and under CUDA graphs the smallest captured tier >= k plus one, so k = 5 costs what k = 8
+does and the policy drafts 8 instead.
 
 Why one p and not one per position: a draft stops at its first rejection, so a per-position estimate never
 sees positions past it; after acceptance drops, the deep positions would keep their old optimism and hold k
@@ -27,19 +30,21 @@ answers 0 drafts at once, which is never slower for the target than waiting in t
 Why 0 drafts, and probes: where drafting costs more than the accepted tokens save (low acceptance, or a
 draft step that is not cheap next to a verify pass, as on a CPU), the policy answers 0 drafts and the
 target decodes as it would alone: speculation must never make it slower. A session answered 0 drafts
-teaches the estimate nothing, so after PROBE_EVERY such calls in a row the next one drafts at the best
-k >= 1 (a probe): if acceptance has risen, the session drafts again. A probe that changes nothing doubles
-the wait before the next (up to MAX_PROBE_EVERY calls), so a session where speculation never pays pays for
-few probes: on the real pair's CPU costs a probe costs ~0.85 of a plain step more, ~1.3% of the time spent
+teaches the estimate nothing (nor does one whose suffix lead filled the draft), so after PROBE_EVERY such
+calls in a row the next one drafts at the best k >= 1, shortening a suffix lead to make room (a probe):
+if acceptance has risen, the session drafts again. A probe that changes nothing doubles the wait before
+the next (up to MAX_PROBE_EVERY calls), so a session where speculation never pays pays for few probes: on the real pair's CPU costs a probe costs ~0.85 of a plain step more, ~1.3% of the time spent
 at MAX_PROBE_EVERY. This module knows nothing of HTTP or sessions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from drafter.sessions.target_cost import TargetCost
 
 PRIOR_ACCEPTANCE = 0.7  # a fresh server's guess, before any feedback arrives
 PRIOR_WEIGHT = 2.0  # worth two rounds of evidence: the first real rounds outweigh it at once
@@ -108,12 +113,17 @@ class DraftLengthPolicy:
         max_batch_size: int,
         max_queue_depth: int,
         decode_steps: Callable[[int], int] = lambda k: k,  # steps the engine's loop runs for k drafts
+        learn_target_cost: bool = True,  # from the gaps between a session's calls; else the told costs stand
     ):
         if max_queue_depth < 0:
             raise DraftLengthConfigError(f"auto max queue depth must be >= 0, got {max_queue_depth}")
         self.cost, self.max_draft_tokens = cost, max_draft_tokens
         self.max_batch_size, self.max_queue_depth = max_batch_size, max_queue_depth
         self.step_ms = cost.step_ms  # refined by every batch: a startup measure on a busy host is noisy
+        # The target's round, told by the flags until the gaps between a session's calls say otherwise.
+        self.target = TargetCost(
+            cost.target_verify_ms, cost.target_token_ms, max_draft_tokens, learn_target_cost
+        )
         self.steps = np.array([decode_steps(k) for k in range(1, max_draft_tokens + 1)], dtype=np.float64)
 
     def observe(self, decode_ms: float, num_steps: int) -> None:
@@ -124,31 +134,50 @@ class DraftLengthPolicy:
     def choose(self, acceptance: Acceptance, load: Load, room: int) -> int:
         """k in [0, min(max_draft_tokens, room)]: 0 under load, with no room left, or where no k >= 1 beats
         a plain decode step (then a probe every PROBE_EVERY + 1 calls)."""
+        return self.plan(acceptance, load, room)[1]
+
+    def plan(
+        self,
+        acceptance: Acceptance,
+        load: Load,
+        room: int,
+        head_probs: Sequence[float] = (),
+        model: bool = True,
+    ) -> tuple[int, int]:
+        """(L, k): lead with the first L tokens of a suffix draft (head_probs: the chance that each of its
+        tokens is reached, as the session's track scales the index's counts), then k model drafts; the pair
+        with the most target tokens per ms, L + k within the server's maximum and the room left. (0, 0) is a
+        plain decode step. Without `model` (a suffix-only call) or past the queue limit, k is 0."""
         limit = min(self.max_draft_tokens, room)
-        if load.queue_depth >= self.max_queue_depth or limit < 1:
-            return 0
-        cost = self.cost
+        if limit < 1:
+            return 0, 0
+        probs = np.asarray(head_probs[:limit], dtype=np.float64)
+        lead = np.arange(len(probs) + 1)[:, None]  # L
+        ks = np.arange(limit + 1)[None, :]  # k
+        usable = lead + ks <= limit
+        if not model or load.queue_depth >= self.max_queue_depth:
+            usable &= ks == 0
+        # A probe: after PROBE_EVERY calls without model drafts, the model drafts at least one, to learn.
+        elif acceptance.rounds_without_drafts >= acceptance.probe_every and usable[:, 1:].any():
+            usable &= ks > 0
+        head_expected = np.concatenate(([0.0], np.cumsum(probs)))[:, None]  # E[accepted of the L lead]
+        reach = np.concatenate(([1.0], probs))[:, None]  # P(all L accepted): the model's drafts count
+        model_expected = np.concatenate(([0.0], np.cumsum(np.full(limit, acceptance.p).cumprod())))[None, :]
         step_ms = self.step_ms * (1.0 + (load.queue_depth + load.running) / self.max_batch_size)
-        expected = np.cumsum(np.full(limit, acceptance.p).cumprod())  # E[accepted | k] for k = 1..limit
-        ks = np.arange(1, limit + 1)
-        verify_ms = cost.target_verify_ms + ks * cost.target_token_ms
-        rate = (1.0 + expected) / (verify_ms + cost.draft_base_ms + self.steps[:limit] * step_ms)
-        best = int(np.argmax(rate))  # argmax takes the shortest k among equals
-        if (
-            rate[best] > 1.0 / cost.target_verify_ms
-            or acceptance.rounds_without_drafts >= acceptance.probe_every
-        ):
-            return int(ks[best])
-        return 0
+        steps = np.concatenate(([0.0], self.steps[:limit]))[None, :]
+        draft_ms = np.where(ks > 0, self.cost.draft_base_ms + steps * step_ms, 0.0)  # k = 0: no engine work
+        rate = (1.0 + head_expected + reach * model_expected) / (self.target.round_ms(lead + ks) + draft_ms)
+        rate = np.where(usable, rate, -np.inf)
+        best_lead, best_k = np.unravel_index(int(np.argmax(rate)), rate.shape)  # the shortest among equals
+        return int(best_lead), int(best_k)
 
     def describe(self) -> dict:
         cost = self.cost
         return {
-            "objective": "max (1 + E[accepted | k]) / (target_verify_ms + k * target_token_ms + draft_base_ms "
-            "+ steps(k) * step_ms), against 1 / target_verify_ms for 0 drafts",
+            "objective": "max (1 + E[accepted | L suffix lead, k model drafts]) / (target round_ms(L + k) + "
+            "draft_base_ms + steps(k) * step_ms); L = k = 0 is a plain decode step",
             "steps_by_k": [int(s) for s in self.steps],
-            "target_verify_ms": cost.target_verify_ms,
-            "target_token_ms": cost.target_token_ms,
+            "target": self.target.describe(),
             "probe_after_zero_draft_calls": PROBE_EVERY,
             "draft_base_ms": round(cost.draft_base_ms, 4),
             "step_ms": round(self.step_ms, 4),

@@ -4,7 +4,10 @@
 - `suffix`: the suffix index's draft alone (drafter.sessions.suffix_drafts): no model work at all, often
   empty (nothing in the context or in recent conversations matches its tail).
 - `hybrid`: the suffix draft leads when it is worth more than the model's, and the model continues after it
-  for what is left of k; otherwise the model drafts alone.
+  for what is left of k; otherwise the model drafts alone. Under `"auto"` the draft-length policy chooses
+  how much of the suffix draft leads and how many model drafts follow, by the target's tokens per ms
+  (drafter.sessions.draft_length `plan`), and a suffix-only call sends only the part of its draft that pays
+  for its place in the target's verify pass.
 
 "Worth more" is expected accepted tokens. The model's k-token draft is worth p + p^2 + ... + p^k (p: the
 session's acceptance estimate for model drafts, drafter.sessions.draft_length). A suffix draft carries the
@@ -60,13 +63,18 @@ def model_expected(p: float, k: int) -> float:
     return sum(p**i for i in range(1, k + 1))
 
 
+def scaled_probs(suffix: SuffixDraft, track: SuffixTrack) -> list[float]:
+    """The chance that each suffix token is reached, as the index's counts say, scaled by the session's track."""
+    return [min(1.0, track.ratio * p) for p in suffix.probs]
+
+
 def suffix_leads(
     suffix: SuffixDraft, track: SuffixTrack, p_model: float, k_model: int, min_score: float = 0.0
 ) -> bool:
     """Whether a hybrid draft starts with this suffix draft (then the model drafts k_model - len after it)."""
     if not suffix.tokens or suffix.score < min_score:
         return False
-    probs = [min(1.0, track.ratio * p) for p in suffix.probs]
+    probs = scaled_probs(suffix, track)
     continuation = model_expected(p_model, max(0, k_model - len(probs)))
     return sum(probs) + probs[-1] * continuation >= model_expected(p_model, k_model)
 

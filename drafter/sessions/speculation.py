@@ -26,6 +26,7 @@ from drafter.sessions.draft_source import (
     SUFFIX,
     SuffixTrack,
     hindsight,
+    scaled_probs,
     suffix_leads,
 )
 from drafter.sessions.suffix_drafts import NO_DRAFT, SuffixDrafts
@@ -122,6 +123,9 @@ class Speculation:
         track = self.suffix_track if session is None else session.suffix_track
         judged = None
         if accepted is not None:
+            if session.in_flight <= (params.prefix_len is not None):  # this call alone: a round of the target
+                gap_ms = (time.perf_counter() - session.answered) * 1e3
+                self.policy.target.observe(num_previous, gap_ms)
             acceptance = self.model_feedback(session, accepted, acceptance)
             if session.suffix_draft is not None and session.suffix_draft.tokens:
                 # The tokens after the last context: what the last suffix draft is checked against.
@@ -135,17 +139,22 @@ class Speculation:
         call.hindsight = judged
         # A suffix draft costs no decode steps: under "auto" it may run to the server's maximum.
         max_suffix = min(self.max_draft_tokens, room) if k == AUTO else k
-        if source == SUFFIX:
+        if source != MODEL:
             call.lookup, call.lookup_ms = self.look_up(params, context, max_suffix)
+        if k == AUTO:  # the policy plans the whole draft: how much suffix leads, how many model drafts
+            lead = call.lookup
+            if source == HYBRID and lead.score < self.suffix_min_score:
+                lead = NO_DRAFT
+            probs = scaled_probs(lead, track)
+            length, call.num_draft_tokens = self.policy.plan(acceptance, load, room, probs, source != SUFFIX)
+            call.head = lead.cut(length)
+        elif source == SUFFIX:
             call.head = call.lookup
-            return call
-        call.num_draft_tokens = self.policy.choose(acceptance, load, room=room) if k == AUTO else k
-        if source == HYBRID:
-            call.lookup, call.lookup_ms = self.look_up(params, context, max_suffix)
-            if suffix_leads(call.lookup, track, acceptance.p, call.num_draft_tokens, self.suffix_min_score):
+        else:
+            call.num_draft_tokens = k
+            if source == HYBRID and suffix_leads(call.lookup, track, acceptance.p, k, self.suffix_min_score):
                 call.head = call.lookup
-                left = max(0, call.num_draft_tokens - len(call.head.tokens))
-                call.num_draft_tokens = min(left, room - len(call.head.tokens))
+                call.num_draft_tokens = min(max(0, k - len(call.head.tokens)), room - len(call.head.tokens))
         return call
 
     def look_up(self, params: DraftParams, context, max_tokens: int) -> tuple[SuffixDraft, float]:

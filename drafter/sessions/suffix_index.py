@@ -32,6 +32,13 @@ class SuffixDraft:
     score: float
     match_len: int
 
+    def cut(self, length: int) -> SuffixDraft:
+        """Its first `length` tokens."""
+        if length >= len(self.tokens):
+            return self
+        probs = self.probs[:length]
+        return SuffixDraft(self.tokens[:length], probs, sum(probs), self.match_len)
+
 
 class _Chain:
     """The greedy walk from one node, grown on demand: while consecutive match lengths have the same count

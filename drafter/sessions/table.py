@@ -53,6 +53,9 @@ class Session:
     suffix_track: SuffixTrack = NEW_TRACK  # how its suffix drafts fared (drafter.sessions.draft_source)
     head_len: int = 0  # of `drafts`, how many came from the suffix index (the first ones)
     suffix_draft: SuffixDraft | None = None  # the last call's suffix lookup, sent or not, judged by the next
+    answered: float = (
+        0.0  # perf_counter when the last call's answer left: its next call's gap is the target's
+    )
 
     @property
     def context(self) -> np.ndarray:
@@ -173,7 +176,7 @@ class SessionTable:
             read.in_flight -= 1
             if self.sessions.get(name) is read:
                 read.buffer, read.context_len, read.drafts = context.base, len(context), draft_array
-                read.acceptance, read.touched = acceptance, now
+                read.acceptance, read.touched, read.answered = acceptance, now, time.perf_counter()
                 read.suffix_track, read.head_len, read.suffix_draft = suffix_track, head_len, suffix_draft
                 self.sessions.move_to_end(name)
             return read.token
@@ -190,6 +193,7 @@ class SessionTable:
             suffix_track=suffix_track,
             head_len=head_len,
             suffix_draft=suffix_draft,
+            answered=time.perf_counter(),
         )
         while len(self.sessions) > self.max_sessions:
             evicted, _ = self.sessions.popitem(last=False)

@@ -1,0 +1,77 @@
+"""What auto learns of the target from the gaps between a session's calls, through the real session table and
+Speculation (the parts a `/draft` call goes through, without HTTP): a verified call's gap is one round at
+the number of drafts the session was sent; a rollback or a call beside another of its session is none; a
+server told to keep its costs (`--target-cost told`) learns nothing."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from drafter.draft_params import DraftParams
+from drafter.server.metrics import Metrics
+from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy, Load
+from drafter.sessions.draft_source import MODEL
+from drafter.sessions.speculation import Speculation
+from drafter.sessions.table import SessionTable
+
+K = 4
+IDLE = Load(queue_depth=0, running=0)
+STEP_S, TOKEN_S = 0.040, 0.010  # the scripted target's round: a step, and what each verified draft adds
+
+
+def speculation(learn: bool = True) -> Speculation:
+    policy = DraftLengthPolicy(DraftCost(25.0, 1.0, 1.0), K, 1, 1, learn_target_cost=learn)
+    return Speculation(SessionTable(16, 600, 4096), policy, Metrics(1), K, 4096)
+
+
+def v2(token: str, prefix_len: int, new: list[int]) -> DraftParams:
+    new_tokens = np.asarray(new, dtype=np.int64)
+    return DraftParams(new_tokens, K, session="s", prefix_len=prefix_len, session_token=token, source=MODEL)
+
+
+def scripted_rounds(spec: Speculation, draft_counts: list[int]) -> None:
+    """A target that keeps every draft it is sent and takes STEP_S + TOKEN_S per draft before calling again."""
+    context = list(range(1, 40))
+    params = DraftParams(np.asarray(context, dtype=np.int64), K, session="s", source=MODEL)
+    token = spec.finish(spec.prepare(params, IDLE), [7] * draft_counts[0])["session_token"]
+    for sent, next_count in zip(draft_counts, [*draft_counts[1:], 0], strict=True):
+        time.sleep(STEP_S + sent * TOKEN_S)
+        prefix_len = len(context) + sent  # all kept, then the target's own token
+        context += [7] * sent + [8]
+        call = spec.prepare(v2(token, prefix_len, [8]), IDLE)
+        assert call.accepted == sent
+        spec.finish(call, [7] * next_count)
+
+
+def test_gaps_between_verified_calls_teach_the_policy_the_targets_round():
+    spec = speculation()
+    scripted_rounds(spec, [0, 0, 0, 0, 4, 4, 4, 4])
+    target = spec.policy.target
+    assert target.num_rounds == 8
+    # Sleeps overshoot on a busy machine, never undershoot: bounds from below exact, from above loose.
+    assert STEP_S * 1e3 <= target.step_ms < STEP_S * 1e3 + 30
+    assert (STEP_S + K * TOKEN_S) * 1e3 <= float(target.round_ms(K)) < (STEP_S + K * TOKEN_S) * 1e3 + 30
+    assert spec.policy.describe()["target"]["rounds_observed"] == 8
+
+
+def test_a_rollback_and_a_call_beside_another_of_its_session_are_no_rounds():
+    spec = speculation()
+    context = list(range(1, 40))
+    params = DraftParams(np.asarray(context, dtype=np.int64), K, session="s", source=MODEL)
+    token = spec.finish(spec.prepare(params, IDLE), [7, 7])["session_token"]
+    first = spec.prepare(v2(token, len(context) + 2, [8]), IDLE)
+    beside = spec.prepare(v2(token, len(context) + 2, [9]), IDLE)  # the same session, still in flight
+    assert beside.accepted == 2 and spec.policy.target.num_rounds == 1
+    spec.abandon(beside)
+    spec.finish(first, [7])
+    rollback = spec.prepare(v2(token, 10, [5]), IDLE)  # behind the last context: its drafts were not verified
+    assert rollback.accepted is None and spec.policy.target.num_rounds == 1
+
+
+def test_told_costs_stay_as_told():
+    spec = speculation(learn=False)
+    scripted_rounds(spec, [0, 0, 0, 4, 4, 4])
+    target = spec.policy.target
+    assert target.num_rounds == 0 and target.step_ms == 25.0 and float(target.round_ms(K)) == 25.0

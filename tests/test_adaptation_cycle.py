@@ -59,10 +59,10 @@ def pair(pairs):
     return pairs()
 
 
-def traffic(target, num_sessions: int = 24, length: int = 48) -> TrafficBuffer:
+def traffic(target, num_sessions: int = 24, length: int = 48, buffer=None, seed: int = 5) -> TrafficBuffer:
     """What the target emits for a few prompts many conversations share, fed as rounds of k = 4."""
-    buffer = TrafficBuffer(max_tokens=100_000, context_window=16, held_out_every=4)
-    generator = torch.Generator().manual_seed(5)
+    buffer = buffer or TrafficBuffer(max_tokens=100_000, context_window=16, held_out_every=4)
+    generator = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 512, (20,), generator=generator).tolist() for _ in range(3)]
     outputs = [hf_greedy(target, prompt, length) for prompt in prompts]
     for session in range(num_sessions):
@@ -135,14 +135,42 @@ def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
     assert [engine.draft(c, K) for c in contexts] == [hf_greedy(version_1, c, K) for c in contexts]
     assert [engine.draft(c, K) for c in contexts] != [hf_greedy(drafter, c, K) for c in contexts]
 
-    # Rollback: live acceptance of version 1 falls short of version 0's: version 0 again, exactly.
-    for _ in range(64):
-        cycle.observe(0, 3, K)  # the rounds version 0 drafted: 4 tokens each
-        cycle.observe(1, 1, K)  # version 1's: 2 tokens each
-    assert cycle.rollback_due and cycle.work(lambda: True) == "rolled back"
+    # Rollback: after the swap the traffic turns to what version 0 drafts itself (its own greedy output),
+    # where version 1 does worse. Version 1 served its rounds and is judged on that traffic: version 0 again.
+    traffic(drafter, num_sessions=12, buffer=buffer, seed=6)
+    for _ in range(cycle.settings.rollback_rounds):
+        cycle.observe(1, 1, K)
+    assert cycle.has_work() and run_until_decided(cycle) == "rolled back"
+    judged = cycle.describe()["last_judgment"]
+    assert (
+        judged["version"] == 1 and judged["before"]["tokens_per_round"] > judged["live"]["tokens_per_round"]
+    )
     assert cycle.describe()["version"] == 0 and cycle.describe()["rollbacks"] == 1
     assert cycle.describe()["swap_seconds"] > described["swap_seconds"]  # the rollback's swap counts too
     assert [engine.draft(c, K) for c in contexts] == [hf_greedy(drafter, c, K) for c in contexts]
+
+
+def test_a_swapped_version_as_good_on_the_traffic_after_its_swap_is_kept_however_its_live_rounds_compare(
+    pair, one_thread
+):
+    """Version 1's live rounds fall far short of version 0's (harder prompts came later), but replayed on the
+    same traffic since the swap it is the better one: it stays."""
+    target, directory, _ = pair
+    engine = Engine.load(str(directory), CONFIG)
+    buffer = traffic(target)
+    cycle = cycle_for(engine, buffer, steps_per_candidate=40, learning_rate=1e-3, step_tokens=64)
+    assert run_until_decided(cycle) == "swapped"
+    for _ in range(cycle.settings.rollback_rounds):
+        cycle.observe(0, 3, K)  # what version 0 got before the swap: 4 tokens a round
+        cycle.observe(1, 0, K)  # version 1's live rounds: 1 token each
+    assert cycle.judgment_due
+    assert cycle.work(lambda: False) is None  # no traffic since the swap yet: judged later
+    assert not cycle.judgment_due and cycle.judge_at == 2 * cycle.settings.rollback_rounds
+    traffic(target, num_sessions=12, buffer=buffer, seed=6)
+    for _ in range(cycle.settings.rollback_rounds):
+        cycle.observe(1, 0, K)
+    assert run_until_decided(cycle) == "kept"
+    assert cycle.describe()["version"] == 1 and cycle.describe()["rollbacks"] == 0
 
 
 def test_a_candidate_no_better_is_never_swapped_in(pair, one_thread):

@@ -32,6 +32,7 @@ class Example:
     held_out: bool
     evicted: bool = False
     end: int = 0  # the conversation position right after its last token (where a next round would append)
+    number: int = 0  # examples started before this one: which traffic came after a swap
 
     @property
     def num_targets(self) -> int:
@@ -91,8 +92,10 @@ class TrafficBuffer:
     def start(self, session: str, context: np.ndarray, last_len: int) -> Example:
         window = context[max(0, last_len - self.context_window) : last_len].tolist()
         held_out = self.counters.examples % self.held_out_every == self.held_out_every - 1
+        example = Example(
+            session, window, len(window), 0, held_out, end=last_len, number=self.counters.examples
+        )
         self.counters.examples += 1
-        example = Example(session, window, len(window), 0, held_out, end=last_len)
         (self.held_out if held_out else self.training).append(example)
         self.num_tokens[held_out] += len(window)
         return example

@@ -1,7 +1,13 @@
 """The adaptation cycle: train a candidate, score it against the live weights on held-out traffic, swap it in
-only if it is better by a margin, and roll a swapped version back if live acceptance says it does worse than
-the one before. Versions are numbered 0 (as loaded), 1, 2, ...; a rollback makes the previous version live
-again under its own number.
+only if it is better by a margin, and judge a swapped version once it has served: roll it back if, on the
+held-out traffic that came after its swap, the version before it would have done better. Versions are
+numbered 0 (as loaded), 1, 2, ...; a rollback makes the previous version live again under its own number.
+
+Why the judgment replays both versions on the same traffic: the live tokens per round of two versions come
+from different stretches of traffic, and traffic changes (that is why the drafter adapts): comparing them
+rolled back good versions whenever the prompts after a swap were harder than those before it. Replayed on
+the same rounds (drafter/adaptation/score.py), the live version's score is what the target got from it and
+the previous version's what it would have got, so the margin measures the weights and nothing else.
 
 `work(stop)` runs on the engine thread as background work (the server's drafter/server/adapt_work.py posts
 it only on an idle engine): it advances the cycle a step at a time (one optimizer step, or one example
@@ -29,6 +35,7 @@ from export.versions import dense_state, served_tensors
 log = logging.getLogger(__name__)
 
 TRAIN, SCORE = "train", "score"
+CANDIDATE, JUDGMENT = "candidate", "judgment"  # what a scoring round decides: a swap, or a rollback
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +47,8 @@ class CycleSettings:
     min_train_tokens: int = 64  # new target tokens buffered since the last round before a round starts
     min_rounds: int = 16  # held-out rounds a candidate must be scored on
     margin: float = 0.02  # a candidate's tokens per round must beat the live weights' by this fraction
-    rollback_rounds: int = 64  # live rounds of a new version before it is judged, and of the one before
-    rollback_margin: float = 0.05  # rolled back when its live tokens per round fall this fraction short
+    rollback_rounds: int = 64  # live rounds of a new version before it is judged (again, if undecided)
+    rollback_margin: float = 0.05  # rolled back when its tokens per round fall this fraction short
 
 
 @dataclass(slots=True)
@@ -61,6 +68,7 @@ class Counters:
     swap_s: float = 0.0  # swaps and rollbacks together: the engine thread's time in `swap`
     last_loss: float | None = None
     last_candidate: dict | None = None  # {"candidate": Score.describe(), "live": ..., "swapped": bool}
+    last_judgment: dict | None = None  # {"version": N, "live": Score.describe(), "before": ...}
 
 
 class Cycle:
@@ -96,7 +104,10 @@ class Cycle:
         self.counters = Counters()
         self.live_rounds: dict[int, list[int]] = {}  # version -> [tokens, rounds] the target got live
         self.by_weights_version = {0: 0}  # the engine's weights_version (+1 a swap) -> our version number
-        self.rollback_due = False
+        self.judge_at = 0  # the live version's rounds at which it is judged; 0: not to be judged
+        self.examples_at_swap = 0  # the buffer's examples started before the live version went live
+        self.judgment_due = False
+        self.contest = CANDIDATE  # what the scoring round under way decides
         self.phase, self.steps = TRAIN, 0
         self.tokens_at_round = 0  # the buffer's target tokens seen when the current round started
         self.candidate: Version | None = None
@@ -114,20 +125,13 @@ class Cycle:
         tally = self.live_rounds.setdefault(version, [0, 0])
         tally[0] += accepted + 1
         tally[1] += 1
-        if version == self.live.number and self.previous is not None and self.worse_than_before():
-            self.rollback_due = True
-
-    def worse_than_before(self) -> bool:
-        now, before = self.live_rounds.get(self.live.number), self.live_rounds.get(self.previous.number)
-        enough = self.settings.rollback_rounds
-        if now is None or before is None or now[1] < enough or before[1] < enough:
-            return False
-        return now[0] / now[1] < (before[0] / before[1]) * (1 - self.settings.rollback_margin)
+        if version == self.live.number and self.judge_at and tally[1] >= self.judge_at:
+            self.judgment_due = True
 
     def has_work(self) -> bool:
-        """A rollback is due, a round is under way, or enough new target tokens came in to start one
+        """A judgment is due, a round is under way, or enough new target tokens came in to start one
         (cheap: asked on every verified call)."""
-        if self.rollback_due or self.phase == SCORE or self.steps:
+        if self.judgment_due or self.phase == SCORE or self.steps:
             return True
         new = self.buffer.counters.target_tokens - self.tokens_at_round
         return new >= self.settings.min_train_tokens and bool(self.buffer.training and self.buffer.held_out)
@@ -135,9 +139,11 @@ class Cycle:
     # -- on the engine thread -------------------------------------------------------------------------
 
     def work(self, stop: Callable[[], bool]) -> str | None:
-        """Advance the cycle until `stop()` or a decision: "swapped", "rejected", "rolled back", or None."""
-        if self.rollback_due:
-            return self.roll_back()
+        """Advance the cycle until `stop()` or a decision: "swapped", "rejected", "rolled back", "kept" (a
+        judged version stays), or None."""
+        if self.judgment_due and self.phase == TRAIN:  # a candidate's training is cut short, not kept
+            self.judgment_due, self.steps = False, 0
+            self.start_scoring(JUDGMENT)
         while not stop():
             if self.phase == TRAIN:
                 examples = tuple(self.buffer.training)
@@ -154,24 +160,31 @@ class Cycle:
                 self.counters.training_steps += 1
                 self.steps += 1
                 if self.steps >= self.settings.steps_per_candidate:
-                    self.start_scoring()
+                    self.start_scoring(CANDIDATE)
             elif self.pending:
                 self.score_next(stop)
             else:
                 return self.decide()
         return None
 
-    def start_scoring(self) -> None:
-        state = self.trainer.state()
-        self.candidate = Version(
-            self.next_number,
-            served_tensors(state, self.quantization, self.dtype, self.tied, self.weight_scales),
-        )
+    def start_scoring(self, contest: str) -> None:
+        """Score the live version against another on held-out traffic: a candidate (the trainer's weights)
+        on all of it, or, to judge the live version, the one before it on what came after the swap."""
+        self.contest = contest
+        if contest == CANDIDATE:
+            state = self.trainer.state()
+            self.candidate = Version(
+                self.next_number,
+                served_tensors(state, self.quantization, self.dtype, self.tied, self.weight_scales),
+            )
+        else:
+            self.candidate = self.previous
+        since = self.examples_at_swap if contest == JUDGMENT else 0
         # Copies: the buffer may grow an example meanwhile, and both sides must score the same tokens.
         held_out = [
             Example(e.session, e.tokens[:], e.num_context, e.num_draft_tokens, True)
             for e in tuple(self.buffer.held_out)
-            if e.num_draft_tokens >= 1 and e.num_targets >= 1
+            if e.num_draft_tokens >= 1 and e.num_targets >= 1 and e.number >= since
         ]
         self.pending = [(side, e) for side in ("live", "candidate") for e in held_out]
         self.totals = {"candidate": [0, 0, 0, 0], "live": [0, 0, 0, 0]}
@@ -205,8 +218,11 @@ class Cycle:
         self.scorer_holds = version
 
     def decide(self) -> str:
-        """Swap the candidate in if it beats the live weights by the margin on enough rounds."""
+        """Swap the candidate in if it beats the live weights by the margin on enough rounds (a judgment:
+        roll back to the version before if the live one falls short of it by the rollback margin)."""
         candidate, live = (Score(*self.totals[side]) for side in ("candidate", "live"))
+        if self.contest == JUDGMENT:
+            return self.judge(candidate, live)
         better = (
             candidate.rounds >= self.settings.min_rounds
             and live.rounds >= self.settings.min_rounds
@@ -227,6 +243,8 @@ class Cycle:
         self.previous, self.live, self.candidate = self.live, self.candidate, None
         self.next_number += 1
         self.counters.swaps += 1
+        self.judge_at, self.examples_at_swap = self.settings.rollback_rounds, self.buffer.counters.examples
+        self.judgment_due = False  # one due for the version before is moot
         log.info("adaptation: version %d swapped in (%s)", self.live.number, self.counters.last_candidate)
         return "swapped"
 
@@ -236,13 +254,27 @@ class Cycle:
         self.counters.swap_s += time.perf_counter() - began
         return weights_version
 
+    def judge(self, before: Score, live: Score) -> str | None:
+        """The live version against the one before it, on the same traffic since the swap."""
+        self.phase, self.candidate = TRAIN, None
+        enough = min(before.rounds, live.rounds) >= self.settings.min_rounds
+        self.counters.last_judgment = {"version": self.live.number, "live": live.describe()}
+        self.counters.last_judgment["before"] = before.describe()
+        if not enough:  # too little traffic since the swap: judged again after as many live rounds more
+            self.judge_at += self.settings.rollback_rounds
+            return None
+        self.judge_at = 0
+        if live.tokens_per_round >= before.tokens_per_round * (1 - self.settings.rollback_margin):
+            return "kept"
+        return self.roll_back()
+
     def roll_back(self) -> str:
         """The live version did worse than the one before: that one again, and training starts from it."""
         self.by_weights_version[self.timed_swap(self.previous.tensors)] = self.previous.number
         log.warning("adaptation: version %d rolled back to %d", self.live.number, self.previous.number)
         self.live, self.previous = self.previous, None
         self.trainer.reset(dense_state(self.live.tensors))
-        self.rollback_due, self.phase, self.steps, self.candidate = False, TRAIN, 0, None
+        self.phase, self.steps, self.candidate = TRAIN, 0, None
         self.counters.rollbacks += 1
         return "rolled back"
 
@@ -260,6 +292,7 @@ class Cycle:
             "swap_seconds": round(c.swap_s, 4),
             "last_loss": None if c.last_loss is None else round(c.last_loss, 4),
             "last_candidate": c.last_candidate,
+            "last_judgment": c.last_judgment,
             "round": {"phase": self.phase, "steps": self.steps, "busy": self.has_work()},
             "live_tokens_per_round": {str(v): round(t / r, 4) for v, (t, r) in self.live_rounds.items() if r},
             "buffer": self.buffer.describe(),

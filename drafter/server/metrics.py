@@ -51,7 +51,7 @@ class AdaptationCollector:
             ("rejected_candidates", "Candidates not swapped in (no better on held-out traffic)", c.rejected),
             (
                 "rollbacks",
-                "Versions rolled back (live acceptance fell short of the version before)",
+                "Versions rolled back (on the traffic after their swap, short of the version before)",
                 c.rollbacks,
             ),
             ("training_steps", "Optimizer steps of the trainer", c.training_steps),

@@ -38,3 +38,21 @@ def test_a_tiny_stream_is_lossless_and_reports_both_servers(tmp_path):
     assert report["adaptation"]["version"] == 0 and "swap_seconds" in report["adaptation"]
     assert (tmp_path / "report.md").read_text().count("\n| 0-0 |") == 1
     assert (tmp_path / "adapt.png").stat().st_size > 0
+
+
+def test_adapt_latency_times_both_servers_at_each_client_count_and_counts_the_trainer(tmp_path):
+    """`python -m bench.adapt_latency` at its smallest: each client count's row holds both servers' calls
+    (the same conversations, so the same number of calls) and what the trainer did while timed."""
+    from bench.adapt_latency import main as latency_main
+
+    argv = ["--prompts", "2", "--max-new-tokens", "12", "--clients", "1,2", "--repeats", "1"]
+    argv += ["--verify-ms", "1", "--think-s", "0.05", "--out", str(tmp_path)]
+    assert latency_main(argv) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [row["clients"] for row in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["calls"] >= 2 and row["off"]["p99"] >= row["off"]["p50"] > 0 and row["on"]["p50"] > 0
+        assert set(row["trainer_while_timed"]) >= {"training_steps", "swaps"}
+    assert (tmp_path / "report.md").read_text().count("\n| 2 |") == 1
+    with pytest.raises(SystemExit):  # argparse's usage error, exit 2
+        latency_main(["--clients", "0"])

@@ -1,0 +1,234 @@
+"""What `--adapt` costs a draft call while its trainer works, at 1 and 4 concurrent clients:
+
+    python -m bench.adapt_latency [--testbed [DIR]] [--clients 1,4] [--out DIR]
+
+The issue's bar: a call's p99 with the trainer at work stays within +10% of `--adapt` off. Why scripted
+targets: a real target per client would take the cores the servers need on a small machine, and the calls,
+not the target, are what is measured. Each client replays conversations whose target output is known (the
+testbed target's greedy output on bench/adapt_stream.py's prompts, the domain its drafter never saw): per
+round a v2 `/draft` call (timed), the drafts checked against the known output as a greedy target would keep
+them, then `--verify-ms` of sleep (the target's verify pass: the engine idles) and, after each
+conversation, `--think-s` (a target between two conversations: the quiet spells the trainer works in,
+drafter/server/adapt_work.py). So both servers get the same calls in the same order, and the adapting one's
+trainer has new traffic throughout: it is fed a first pass of every conversation before anything is timed.
+
+Servers run one at a time: the other is paused (SIGSTOP), so a trainer never takes a core from the server
+being timed but its own. Per client count the order is off, on, off, on (`--repeats 2`), latencies pooled
+per side, and the adapting server's /info counts what its trainer did meanwhile (training steps, scoring
+time, swaps): a p99 measured while the trainer did nothing would prove nothing, and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from bench.adapt import servers, shown
+from bench.adapt_stream import stream_prompts
+from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
+from bench.harness.machine import describe
+from bench.harness.prompts import BenchError
+from bench.harness.report import percentiles, write_report
+from bench.testbed import PAIR
+from drafter.client import DraftClient
+
+K = 8
+COUNTERS = (
+    "training_steps",
+    "training_seconds",
+    "scoring_seconds",
+    "swaps",
+    "rejected_candidates",
+    "rollbacks",
+)
+
+
+def client_counts(text: str) -> tuple[int, ...]:
+    counts = tuple(int(n) for n in text.split(","))
+    if min(counts) < 1:
+        raise argparse.ArgumentTypeError("client counts must be positive")
+    return counts
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--testbed", nargs="?", const=PAIR, default=PAIR, type=Path, metavar="DIR",
+                        help="the testbed pair's directory [the committed pair]")  # fmt: skip
+    parser.add_argument("--clients", type=client_counts, default=(1, 4), help="client counts [1,4]")
+    parser.add_argument("--prompts", type=int, default=24, help="conversations per pass [24]")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="per conversation [96]")
+    parser.add_argument("--verify-ms", type=float, default=20.0, help="the target's pass per round [20]")
+    parser.add_argument("--think-s", type=float, default=0.3, help="between conversations [0.3]")
+    parser.add_argument("--repeats", type=int, default=2, help="off/on passes per client count [2]")
+    parser.add_argument("--out", type=Path, help="write report.json and report.md here")
+    args = parser.parse_args(argv)
+    if min(args.prompts, args.max_new_tokens, args.repeats) < 1 or min(args.verify_ms, args.think_s) < 0:
+        parser.error("--prompts, --max-new-tokens and --repeats must be positive, the times not negative")
+    return args
+
+
+def converse(client: DraftClient, name: str, prompt: list[int], output: list[int], args) -> list[float]:
+    """One conversation as a greedy target with a known output holds it; each call's ms."""
+    context, done, call_ms = list(prompt), 0, []
+    with client.session(name) as session:
+        while done < len(output):
+            began = time.perf_counter()
+            drafts = session.draft(context, K)
+            call_ms.append((time.perf_counter() - began) * 1e3)
+            if drafts.skipped is not None:
+                raise BenchError(f"a draft call was not answered ({drafts.skipped})")
+            kept = 0
+            while (
+                kept < len(drafts.tokens)
+                and done + kept < len(output)
+                and drafts.tokens[kept] == output[done + kept]
+            ):
+                kept += 1
+            step = min(kept + 1, len(output) - done)  # the kept drafts, then the target's own token
+            context += output[done : done + step]
+            done += step
+            time.sleep(args.verify_ms / 1e3)
+    return call_ms
+
+
+def one_pass(url: str, conversations: list[tuple], clients: int, args, tag: str) -> list[float]:
+    """Every conversation once, shared among `clients` threads; every call's ms."""
+    shares = [conversations[i::clients] for i in range(clients)]
+    results: list[list[float]] = [[] for _ in range(clients)]
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            with DraftClient(url, timeout_s=60) as client:
+                for number, (prompt, output) in enumerate(shares[index]):
+                    results[index] += converse(client, f"{tag}-{index}-{number}", prompt, output, args)
+                    time.sleep(args.think_s)
+        except BaseException as error:  # noqa: BLE001 - reported once the threads are joined
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise BenchError(f"a client failed: {errors[0]}")
+    return [ms for share in results for ms in share]
+
+
+def trainer_counts(client: DraftClient) -> dict:
+    adaptation = client.info()["adaptation"]
+    return {key: adaptation[key] for key in COUNTERS}
+
+
+def run(args) -> dict:
+    prompts, source = stream_prompts(args.prompts, args.max_new_tokens)
+    torch.set_num_threads(1)
+    target = load_target(args.testbed / "target", "cpu", "float32")
+    conversations = [(p["tokens"], target_greedy(target, p["tokens"], args.max_new_tokens)) for p in prompts]
+    del target
+    drafter_dir = args.testbed / PAIR_DRAFTERS["weight-only"]
+    flags = ["--model", str(drafter_dir), "--device", "cpu", "--request-timeout-s", "60"]
+    rows, started = [], time.monotonic()
+    with servers(flags) as (off_client, on, on_client):
+        urls = {"off": off_client.url, "on": on_client.url}
+        on.signal(signal.SIGSTOP)  # paused whenever the other is timed
+        paused = True
+        for clients in args.clients:
+            latencies: dict[str, list[float]] = {"off": [], "on": []}
+            trainer = dict.fromkeys(COUNTERS, 0)
+            for repeat in range(args.repeats):
+                for side in ("off", "on"):
+                    if side == "on" and paused:
+                        on.signal(signal.SIGCONT)
+                        paused = False
+                        if clients == args.clients[0] and repeat == 0:  # the trainer's first traffic
+                            one_pass(urls["on"], conversations, clients, args, "feed")
+                    before = trainer_counts(on_client) if side == "on" else None
+                    tag = f"{side}-{clients}-{repeat}"
+                    latencies[side] += one_pass(urls[side], conversations, clients, args, tag)
+                    if side == "on":
+                        after = trainer_counts(on_client)
+                        for key in COUNTERS:
+                            trainer[key] += after[key] - before[key]
+                        on.signal(signal.SIGSTOP)
+                        paused = True
+            off, on_ms = percentiles(latencies["off"]), percentiles(latencies["on"])
+            rows.append({
+                "clients": clients,
+                "calls": len(latencies["on"]),
+                "off": off,
+                "on": on_ms,
+                "p50_ratio": on_ms["p50"] / off["p50"],
+                "p99_ratio": on_ms["p99"] / off["p99"],
+                "trainer_while_timed": trainer,
+            })  # fmt: skip
+        if paused:
+            on.signal(signal.SIGCONT)
+        adaptation = on_client.info()["adaptation"]
+    return {
+        "rows": rows,
+        "adaptation": adaptation,
+        "config": {
+            "pair": shown(args.testbed),
+            "drafter": shown(drafter_dir),
+            "stream": source,
+            "prompts": len(conversations),
+            "max_new_tokens": args.max_new_tokens,
+            "num_draft_tokens": K,
+            "verify_ms": args.verify_ms,
+            "think_s": args.think_s,
+            "repeats": args.repeats,
+            "wall_s": time.monotonic() - started,
+        },
+        "machine": describe("cpu"),
+    }
+
+
+def markdown(report: dict) -> str:
+    config, machine = report["config"], report["machine"]
+    lines = [
+        f"Testbed drafter {config['drafter']} (k = {K}, model drafts), {config['prompts']} conversations of up to "
+        f"{config['max_new_tokens']} target tokens per pass, a {config['verify_ms']:.0f} ms verify per round, "
+        f"{config['think_s']} s between conversations, {config['repeats']} off/on passes per client count; "
+        f"{machine.get('cpu', '?')}, {machine.get('cpu_cores', '?')} cores; {config['wall_s'] / 60:.1f} min.",
+        "",
+        "| clients | calls per side | off p50 / p99 ms | on p50 / p99 ms | on / off p50 | on / off p99 | "
+        "trainer while timed: steps, training s, scoring s, swaps |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        off, on, trainer = row["off"], row["on"], row["trainer_while_timed"]
+        lines.append(
+            f"| {row['clients']} | {row['calls']} | {off['p50']:.1f} / {off['p99']:.1f} | "
+            f"{on['p50']:.1f} / {on['p99']:.1f} | {row['p50_ratio']:.2f} | **{row['p99_ratio']:.2f}** | "
+            f"{trainer['training_steps']}, {trainer['training_seconds']:.1f}, {trainer['scoring_seconds']:.1f}, "
+            f"{trainer['swaps']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        report = run(args)
+    except (BenchError, OSError, RuntimeError, TimeoutError) as error:
+        print(f"adapt_latency: error: {error}", file=sys.stderr)
+        return 2
+    text = markdown(report)
+    if args.out:
+        write_report(args.out, report, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -131,6 +131,7 @@ def test_realpair_on_a_fake_pair_runs_each_kind_losslessly(fake_realpair, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.realpair
 @pytest.mark.skipif(FETCHED is not None, reason=f"needs `python -m bench.realpair fetch` first: {FETCHED}")
 def test_realpair_quick_on_the_real_pair_is_lossless(tmp_path):
     report, _ = run_quick(DEFAULT_DIR, tmp_path, "--max-new-tokens=16", "--num-draft-tokens=4")

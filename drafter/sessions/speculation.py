@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.reporting import SpeculationMetrics
-from drafter.sessions.draft_length import Acceptance, DraftLengthPolicy, Load
+from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import (
     HYBRID,
     MODEL,
@@ -90,6 +90,9 @@ class Speculation:
         self.suffix_min_score = suffix_min_score
         self.on_verified = on_verified
         self.acceptance = Acceptance()  # server-wide: where new sessions start
+        # The wait before a probe where the last verified model draft left it: a new session starts there,
+        # so many short conversations where drafting does not pay do not each pay for the early probes.
+        self.probe_every = PROBE_EVERY
         self.suffix_track = SuffixTrack()
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         # By source: verified draft tokens, and accepted ones; answers by the source that made them.
@@ -119,7 +122,10 @@ class Speculation:
             context = params.tokens
         accepted = None if session is None else accepted_drafts(session, context, known_equal)
         num_previous = 0 if session is None else len(session.drafts)
-        acceptance = self.acceptance if session is None else session.acceptance
+        if session is None:
+            acceptance = replace(self.acceptance, rounds_without_drafts=0, probe_every=self.probe_every)
+        else:
+            acceptance = session.acceptance
         track = self.suffix_track if session is None else session.suffix_track
         judged = None
         if accepted is not None:
@@ -172,7 +178,8 @@ class Speculation:
         if num_model == 0:  # answered no model drafts: a round towards auto's probe
             return acceptance.updated(0, 0)
         if accepted >= head_len:
-            return acceptance.updated(num_model, accepted - head_len)
+            acceptance = acceptance.updated(num_model, accepted - head_len)
+            self.probe_every = acceptance.probe_every
         return acceptance
 
     def finish(self, call: Call, drafts: list[int]) -> dict:

@@ -258,8 +258,11 @@ class Cycle:
         """The live version against the one before it, on the same traffic since the swap."""
         self.phase, self.candidate = TRAIN, None
         enough = min(before.rounds, live.rounds) >= self.settings.min_rounds
-        self.counters.last_judgment = {"version": self.live.number, "live": live.describe()}
-        self.counters.last_judgment["before"] = before.describe()
+        self.counters.last_judgment = {
+            "version": self.live.number,
+            "live": live.describe(),
+            "before": before.describe(),
+        }
         if not enough:  # too little traffic since the swap: judged again after as many live rounds more
             self.judge_at += self.settings.rollback_rounds
             return None

@@ -34,8 +34,8 @@ teaches the estimate nothing (nor does one whose suffix lead filled the draft), 
 calls in a row the next one drafts at the best k >= 1, shortening a suffix lead to make room (a probe):
 if acceptance has risen, the session drafts again. A probe that changes nothing doubles the wait before
 the next (up to MAX_PROBE_EVERY calls; a new session starts at the wait the server's last verified draft
-left: drafter.sessions.speculation), so a session where speculation never pays pays for few probes: on the real pair's CPU costs a probe costs ~0.85 of a plain step more, ~1.3% of the time spent
-at MAX_PROBE_EVERY. This module knows nothing of HTTP or sessions.
+left: drafter.sessions.speculation), so a session where speculation never pays pays for few probes: on the
+real pair's CPU costs a probe costs ~0.85 of a plain step more, ~1.3% of the time spent at MAX_PROBE_EVERY. This module knows nothing of HTTP or sessions.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """What auto learns of the target from the gaps between a session's calls, through the real session table and
 Speculation (the parts a `/draft` call goes through, without HTTP): a verified call's gap is one round at
-the number of drafts the session was sent; a rollback or a call beside another of its session is none; a
-server told to keep its costs (`--target-cost told`) learns nothing."""
+the number of drafts the session was sent; the rows of a /draft/batch request hear their gaps as their
+share of one pass; a rollback or a call beside another of its session is none; a server told to keep its
+costs (`--target-cost told`) learns nothing."""
 
 from __future__ import annotations
 
@@ -51,9 +52,44 @@ def test_gaps_between_verified_calls_teach_the_policy_the_targets_round():
     target = spec.policy.target
     assert target.num_rounds == 8
     # Sleeps overshoot on a busy machine, never undershoot: bounds from below exact, from above loose.
-    assert STEP_S * 1e3 <= target.step_ms < STEP_S * 1e3 + 30
+    assert STEP_S * 1e3 <= target.step_ms() < STEP_S * 1e3 + 30
     assert (STEP_S + K * TOKEN_S) * 1e3 <= float(target.round_ms(K)) < (STEP_S + K * TOKEN_S) * 1e3 + 30
     assert spec.policy.describe()["target"]["rounds_observed"] == 8
+
+
+def test_rows_of_one_batch_learn_their_share_of_the_pass_not_a_pass_of_their_own_drafts():
+    """A batching target's pass verifies every row's drafts and takes STEP_S + TOKEN_S a draft, all rows'
+    drafts counted: each row's gap is that whole pass, learned as a row's share of a pass of 4 drafts a
+    row (rows sent 4 and rows sent none alike), and rows sent no drafts in a plain pass give the step."""
+    rows, spec = 4, speculation()
+    names = [f"row{i}" for i in range(rows)]
+    contexts = {name: list(range(1 + i, 40 + i)) for i, name in enumerate(names)}
+    tokens = {}
+
+    def batch(planned: dict[str, int], first: bool = False) -> None:
+        calls = {}
+        for name in names:
+            if first:
+                params = DraftParams(np.asarray(contexts[name]), K, session=name, source=MODEL)
+            else:
+                params = DraftParams(np.asarray([8]), K, session=name, prefix_len=len(contexts[name]) - 1,
+                                     session_token=tokens[name], source=MODEL)  # fmt: skip
+            calls[name] = spec.prepare(params, IDLE, rows)
+        for name, call in calls.items():  # as the route does: the pass's drafts, on every row
+            call.pass_drafts = sum(planned.values())
+            tokens[name] = spec.finish(call, [7] * planned[name])["session_token"]
+            contexts[name] += [7] * planned[name] + [8]  # all kept, then the target's own token
+
+    sent = {name: 4 if i < 2 else 0 for i, name in enumerate(names)}  # 2 drafts a row, on half the rows
+    batch(sent, first=True)
+    for planned in [dict.fromkeys(names, 4)] * 3 + [dict.fromkeys(names, 0)] * 4:
+        time.sleep(STEP_S + TOKEN_S * sum(sent.values()))  # the target's pass of what it was sent
+        batch(planned)
+        sent = planned
+    target = spec.policy.target
+    assert target.num_rounds == rows * 7
+    assert STEP_S * 1e3 / rows <= target.step_ms() < (STEP_S * 1e3 + 30) / rows
+    assert TOKEN_S * 1e3 * 0.9 <= target.token_ms < TOKEN_S * 1e3 + 30 / 4
 
 
 def test_a_rollback_and_a_call_beside_another_of_its_session_are_no_rounds():
@@ -74,4 +110,4 @@ def test_told_costs_stay_as_told():
     spec = speculation(learn=False)
     scripted_rounds(spec, [0, 0, 0, 4, 4, 4])
     target = spec.policy.target
-    assert target.num_rounds == 0 and target.step_ms == 25.0 and float(target.round_ms(K)) == 25.0
+    assert target.num_rounds == 0 and target.step_ms() == 25.0 and float(target.round_ms(K)) == 25.0

@@ -41,6 +41,7 @@ from drafter.server.validation import (
     parse_batch_body,
     parse_draft_fields,
 )
+from drafter.sessions.draft_length import Load
 from drafter.sessions.speculation import Call
 from engine.requests import DraftResult
 
@@ -89,7 +90,12 @@ async def answer(request: Request, runtime: Runtime) -> tuple[Response, list[int
         body = await read_checked_body(request, runtime, max_bytes)
         host_started = time.thread_time()
         with runtime.batcher.together():
-            rows = [queue(data, runtime) for data in parse_batch_body(body, max_bytes, max_rows)]
+            batch = parse_batch_body(body, max_bytes, max_rows)
+            load = runtime.batcher.load()  # what else the engine has: this request's rows share a batch
+            rows = [prepare(data, runtime, load, len(batch)) for data in batch]
+            runtime.speculation.together([row.call for row in rows if row.call is not None], load)
+            for row in rows:
+                queue(row, runtime)
     host_s = time.thread_time() - host_started
     try:
         results = await wait_for_rows(request, runtime, rows)
@@ -99,6 +105,7 @@ async def answer(request: Request, runtime: Runtime) -> tuple[Response, list[int
                 runtime.speculation.abandon(row.call)
         raise
     answered = time.thread_time()
+    share_pass(rows, results)
     entries = [entry(runtime, row, result) for row, result in zip(rows, results, strict=True)]
     content = orjson.dumps({"results": entries})
     host_ms = (host_s + time.thread_time() - answered) * 1e3
@@ -109,21 +116,40 @@ async def answer(request: Request, runtime: Runtime) -> tuple[Response, list[int
     return response, [row["status"] for row in entries]
 
 
-def queue(data, runtime: Runtime) -> Row:
-    """One row validated, its session work done and queued; or the ApiError that refused it."""
+def prepare(data, runtime: Runtime, load: Load, num_rows: int) -> Row:
+    """One row validated and its session work done; or the ApiError that refused it."""
     if isinstance(data, ApiError):
         return Row(error=data)
-    call = None
     try:
         params = parse_draft_fields(data, runtime.limits)
-        call = runtime.speculation.prepare(params, runtime.batcher.load())
-        if call.num_draft_tokens == 0:  # auto under load: an empty draft, no engine work
-            return Row(call)
-        return Row(call, submit(call, runtime))
+        return Row(runtime.speculation.prepare(params, load, num_rows))
     except REFUSED as error:
-        if call is not None:
-            runtime.speculation.abandon(call)
         return Row(error=as_api_error(error))
+
+
+def queue(row: Row, runtime: Runtime) -> None:
+    """A prepared row to the engine, unless "auto" answers it with no model drafts (no engine work)."""
+    if row.call is None or row.call.num_draft_tokens == 0:
+        return
+    try:
+        row.pending = submit(row.call, runtime)
+    except REFUSED as error:
+        runtime.speculation.abandon(row.call)
+        row.call, row.error = None, as_api_error(error)
+
+
+def share_pass(rows: list[Row], results: list) -> None:
+    """The rows are one step of a batching target: all their drafts go into one verify pass, which every row
+    waits for. Each session keeps the pass's drafts, so its next call's gap is learned as its share of that
+    pass (drafter.sessions.target_cost), not as a pass of its own drafts."""
+    drafts = sum(
+        len(row.call.head.tokens) + len(result.tokens)
+        for row, result in zip(rows, results, strict=True)
+        if row.call is not None and isinstance(result, DraftResult)
+    )
+    for row in rows:
+        if row.call is not None:
+            row.call.pass_drafts = drafts
 
 
 async def wait_for_rows(request: Request, runtime: Runtime, rows: list[Row]) -> list:

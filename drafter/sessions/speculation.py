@@ -19,7 +19,7 @@ import numpy as np
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.reporting import SpeculationMetrics
-from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftLengthPolicy, Load
+from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftLengthPolicy, Load, RowDraft
 from drafter.sessions.draft_source import (
     HYBRID,
     MODEL,
@@ -52,6 +52,10 @@ class Call:
     hindsight: tuple[float, int] | None = None  # the session's last lookup judged (expected, matched)
     lookup_ms: float = 0.0  # the suffix lookup, for Server-Timing
     settled: bool = False  # finished or abandoned: a v2 call lets go of its session exactly once
+    rows: int = 1  # the calls of its /draft/batch request: rows of one pass of the target
+    expected: float = 1.0  # under "auto" in a batch: 1 + E[accepted] of the planned draft
+    probe: bool = False  # under "auto": drafts to learn after calls answered none
+    pass_drafts: int | None = None  # the drafts sent to all of them (None: this call's own)
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
 
     @property
@@ -106,7 +110,9 @@ class Speculation:
         self.accepted_at = [metrics.spec_accepted_per_pos.labels(str(i)) for i in range(max_draft_tokens)]
         metrics.sessions_live.set_function(lambda: len(self.sessions))
 
-    def prepare(self, params: DraftParams, load: Load) -> Call:
+    def prepare(self, params: DraftParams, load: Load, rows: int = 1) -> Call:
+        """The call's context, feedback and plan; `rows`: the calls of its /draft/batch request (the load is
+        what else the engine has, not those rows)."""
         session, known_equal = None, 0
         if params.prefix_len is not None:
             new_tokens = params.tokens  # O(new tokens)
@@ -131,7 +137,7 @@ class Speculation:
         if accepted is not None:
             if session.in_flight <= (params.prefix_len is not None):  # this call alone: a round of the target
                 gap_ms = (time.perf_counter() - session.answered) * 1e3
-                self.policy.target.observe(num_previous, gap_ms)
+                self.policy.target.observe(session.pass_drafts, gap_ms, session.pass_rows)
             acceptance = self.model_feedback(session, accepted, acceptance)
             if session.suffix_draft is not None and session.suffix_draft.tokens:
                 # The tokens after the last context: what the last suffix draft is checked against.
@@ -142,7 +148,7 @@ class Speculation:
         k = params.num_draft_tokens
         source = params.source or self.default_source
         call = Call(params, context, session, accepted, num_previous, acceptance, 0, track, source)
-        call.hindsight = judged
+        call.hindsight, call.rows = judged, rows
         # A suffix draft costs no decode steps: under "auto" it may run to the server's maximum.
         max_suffix = min(self.max_draft_tokens, room) if k == AUTO else k
         if source != MODEL:
@@ -152,8 +158,12 @@ class Speculation:
             if source == HYBRID and lead.score < self.suffix_min_score:
                 lead = NO_DRAFT
             probs = scaled_probs(lead, track)
-            length, call.num_draft_tokens = self.policy.plan(acceptance, load, room, probs, source != SUFFIX)
+            plan = self.policy.plan(acceptance, load, room, probs, source != SUFFIX, rows)
+            length, call.num_draft_tokens = plan
             call.head = lead.cut(length)
+            call.probe = acceptance.rounds_without_drafts >= acceptance.probe_every
+            if rows > 1:
+                call.expected = self.policy.expected_tokens(acceptance, probs, length, call.num_draft_tokens)
         elif source == SUFFIX:
             call.head = call.lookup
         else:
@@ -162,6 +172,24 @@ class Speculation:
                 call.head = call.lookup
                 call.num_draft_tokens = min(max(0, k - len(call.head.tokens)), room - len(call.head.tokens))
         return call
+
+    def together(self, calls: list[Call], load: Load) -> None:
+        """The rows of one /draft/batch request, all `"auto"`: when their drafts do not pay together
+        (DraftLengthPolicy.together), only the probes among them draft; the others answer none."""
+        if len(calls) < 2 or any(call.params.num_draft_tokens != AUTO for call in calls):
+            return
+        rows = [
+            RowDraft(
+                call.expected,
+                len(call.head.tokens) + call.num_draft_tokens,
+                call.num_draft_tokens,
+                call.probe,
+            )
+            for call in calls
+        ]
+        for call, keep in zip(calls, self.policy.together(rows, load), strict=True):
+            if not keep:
+                call.num_draft_tokens, call.head = 0, NO_DRAFT
 
     def look_up(self, params: DraftParams, context, max_tokens: int) -> tuple[SuffixDraft, float]:
         """The suffix index's draft for this call's context, and what the lookup took (ms)."""
@@ -218,6 +246,7 @@ class Speculation:
                 call.suffix_track,
                 head_len,
                 call.lookup,
+                (call.rows, len(drafts) if call.pass_drafts is None else call.pass_drafts),
             )
             fields["session_token"] = token
             if params.close:

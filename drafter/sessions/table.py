@@ -56,6 +56,8 @@ class Session:
     answered: float = (
         0.0  # perf_counter when the last call's answer left: its next call's gap is the target's
     )
+    pass_rows: int = 1  # the rows of the target's pass that answer went into (a /draft/batch request's)
+    pass_drafts: int = 0  # and the drafts sent to all of them
 
     @property
     def context(self) -> np.ndarray:
@@ -164,6 +166,7 @@ class SessionTable:
         suffix_track: SuffixTrack = NEW_TRACK,
         head_len: int = 0,
         suffix_draft: SuffixDraft | None = None,
+        target_pass: tuple[int, int] = (1, 0),  # (rows, drafts in all) of the pass the answer goes into
     ) -> str:
         """Store a finished call: its context (a view of a session buffer, from `extend` or `full_context`)
         and drafts become the sequence. A full-context call (rebuild) makes a fresh token; a v2 call keeps
@@ -178,6 +181,7 @@ class SessionTable:
                 read.buffer, read.context_len, read.drafts = context.base, len(context), draft_array
                 read.acceptance, read.touched, read.answered = acceptance, now, time.perf_counter()
                 read.suffix_track, read.head_len, read.suffix_draft = suffix_track, head_len, suffix_draft
+                read.pass_rows, read.pass_drafts = target_pass
                 self.sessions.move_to_end(name)
             return read.token
         self.sessions.pop(name, None)
@@ -194,6 +198,8 @@ class SessionTable:
             head_len=head_len,
             suffix_draft=suffix_draft,
             answered=time.perf_counter(),
+            pass_rows=target_pass[0],
+            pass_drafts=target_pass[1],
         )
         while len(self.sessions) > self.max_sessions:
             evicted, _ = self.sessions.popitem(last=False)

@@ -1,8 +1,8 @@
 """What a `/draft` call means beyond its tokens: the context a v2 call names through its session, how many of
 the session's last drafts that context kept, where the draft comes from (drafter.sessions.draft_source: the
 suffix index's lookup happens here, the one lookup a call makes), the k that `"auto"` picks, and, once
-drafted, the session's new state and the acceptance tally by source (Prometheus counters and the figures
-`/info` shows).
+drafted, the session's new state and the feedback counted (drafter.sessions.tally: the figures `/info`
+shows and their Prometheus counters).
 
 `prepare` runs before the call is queued and changes nothing a reader sees; then exactly one of `finish`
 (drafts in hand) or `abandon` (the call failed: the server stays as it was). The engine always receives the
@@ -32,8 +32,7 @@ from drafter.sessions.draft_source import (
 from drafter.sessions.suffix_drafts import NO_DRAFT, SuffixDrafts
 from drafter.sessions.suffix_index import SuffixDraft
 from drafter.sessions.table import Session, SessionTable, accepted_drafts
-
-SOURCE_LABELS = (MODEL, SUFFIX)  # what each draft token came from; a hybrid draft has tokens of both
+from drafter.sessions.tally import AcceptanceTally
 
 
 @dataclass(slots=True)
@@ -98,16 +97,7 @@ class Speculation:
         # so many short conversations where drafting does not pay do not each pay for the early probes.
         self.probe_every = PROBE_EVERY
         self.suffix_track = SuffixTrack()
-        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
-        # By source: verified draft tokens, and accepted ones; answers by the source that made them.
-        self.by_source = {label: [0, 0] for label in SOURCE_LABELS}
-        self.answers_by_source = dict.fromkeys((MODEL, SUFFIX, HYBRID), 0)
-        # Python lists: at most max_draft_tokens entries, updated on every call, where numpy's per-call
-        # overhead would cost more than the loop.
-        self.drafted_per_pos = [0] * max_draft_tokens
-        self.accepted_per_pos = [0] * max_draft_tokens
-        # Every position shows in /metrics from the start; children looked up once, not per call.
-        self.accepted_at = [metrics.spec_accepted_per_pos.labels(str(i)) for i in range(max_draft_tokens)]
+        self.tally = AcceptanceTally(metrics, max_draft_tokens)
         metrics.sessions_live.set_function(lambda: len(self.sessions))
 
     def prepare(self, params: DraftParams, load: Load, rows: int = 1) -> Call:
@@ -222,8 +212,7 @@ class Speculation:
         }
         if call.head.tokens:
             fields["suffix_tokens"] = head_len
-        self.answers_by_source[call.source] += 1
-        self.metrics.answers_by_source.labels(call.source).inc()
+        self.tally.answered(call.source)
         if call.accepted is not None:
             fields["accepted"] = call.accepted
             self.record(call.num_previous_drafts, call.accepted, call.session.head_len, call.hindsight)
@@ -285,59 +274,14 @@ class Speculation:
             self.suffix_track = self.suffix_track.updated(*judged)
         if num_drafted == 0:  # nothing was proposed, so nothing was verified
             return
-        metrics = self.metrics
-        for label, drafted, kept in (
-            (SUFFIX, head_len, min(num_accepted, head_len)),
-            (MODEL, num_drafted - head_len, max(0, num_accepted - head_len)),
-        ):
-            if drafted:
-                tally = self.by_source[label]
-                tally[0] += drafted
-                tally[1] += kept
-                metrics.source_draft_tokens.labels(label).inc(drafted)
-                metrics.source_accepted_tokens.labels(label).inc(kept)
-        self.num_drafts += 1
-        self.num_draft_tokens += num_drafted
-        self.num_accepted_tokens += num_accepted
-        for position in range(num_drafted):
-            self.drafted_per_pos[position] += 1
-        for position in range(num_accepted):
-            self.accepted_per_pos[position] += 1
-        metrics.spec_drafts.inc()
-        metrics.spec_draft_tokens.inc(num_drafted)
-        metrics.spec_accepted_tokens.inc(num_accepted)
-        for counter in self.accepted_at[:num_accepted]:
-            counter.inc()
+        self.tally.record(num_drafted, num_accepted, head_len)
         if num_drafted > head_len and num_accepted >= head_len:
             self.acceptance = self.acceptance.updated(num_drafted - head_len, num_accepted - head_len)
 
     def describe(self) -> dict:
-        drafted = self.drafted_per_pos
-        per_position = [
-            round(accepted / num, 4) if num else None
-            for accepted, num in zip(self.accepted_per_pos, drafted, strict=True)
-        ]
         return {
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "mean_accepted_length": self.num_accepted_tokens / self.num_drafts if self.num_drafts else None,
-            "acceptance_rate": (
-                self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
-            ),
-            # P(accepted | the draft had this position), over verified drafts; null where none had it
-            "acceptance_per_position": per_position,
-            "num_drafted_per_position": list(drafted),
+            **self.tally.describe(),
             "server_acceptance_estimate": round(self.acceptance.p, 4),
-            "by_source": {
-                label: {
-                    "num_draft_tokens": drafted,
-                    "num_accepted_tokens": kept,
-                    "acceptance_rate": round(kept / drafted, 4) if drafted else None,
-                }
-                for label, (drafted, kept) in self.by_source.items()
-            },
-            "answers_by_source": dict(self.answers_by_source),
             "default_source": self.default_source,
             "suffix_min_score": self.suffix_min_score,
             "suffix_index": self.suffix.describe() if self.suffix is not None else None,

@@ -15,7 +15,6 @@ from drafter.sessions.draft_length import (
     DraftLengthConfigError,
     DraftLengthPolicy,
     Load,
-    RowDraft,
 )
 from drafter.sessions.target_cost import TargetCost
 
@@ -155,110 +154,6 @@ def test_auto_told_wrong_target_costs_learns_them_from_call_gaps_and_never_costs
     fixed = [simulated_ms_per_token(lambda a, k=k: k, p) for k in range(0, MAX_K + 1)]
     assert ms <= 1.05 * fixed[0], (ms, fixed[0])
     assert ms <= 1.15 * min(fixed), (ms, int(np.argmin(fixed)))
-
-
-# A batching target on 2 cores (vLLM's CPU engine and the real pair, bench/README.md's peer table): a pass
-# costs a fixed part and a part per token verified, every row's drafts included, and our batch's decode step
-# grows with its rows.
-PASS_MS, PASS_TOKEN_MS = 400.0, 70.0
-DRAFT_BASE_MS, DRAFT_STEP_MS, DRAFT_ROW_MS = 100.0, 120.0, 35.0
-
-
-def batch_cost(rows: int) -> DraftCost:
-    """What an operator would tell the server: a plain pass of `rows` rows, and our batch's costs."""
-    plain = PASS_MS + PASS_TOKEN_MS * rows
-    return DraftCost(plain, DRAFT_BASE_MS, DRAFT_STEP_MS + DRAFT_ROW_MS * rows, PASS_TOKEN_MS)
-
-
-def simulated_batch_ms_per_token(choose, p: float, rows: int, rounds: int = 150, gaps=None) -> float:
-    """The target's ms per token over passes of `rows` rows; `choose(acceptances)` gives every row's k. A pass
-    verifies all their drafts after one draft batch of the rows that draft. `gaps(drafts, ms, rows)` hears
-    each row's gap."""
-    rng, acceptances, tokens, ms = random.Random(0), [Acceptance()] * rows, 0, 0.0
-    for _ in range(rounds):
-        ks = choose(acceptances)
-        accepted = [scripted_round(rng, p, k) for k in ks]
-        pass_ms = PASS_MS + PASS_TOKEN_MS * (rows + sum(ks))
-        drafting = sum(k > 0 for k in ks)
-        draft_ms = DRAFT_BASE_MS + max(ks) * (DRAFT_STEP_MS + DRAFT_ROW_MS * drafting) if drafting else 0.0
-        tokens, ms = tokens + rows + sum(accepted), ms + pass_ms + draft_ms
-        for _ in range(rows if gaps is not None else 0):
-            gaps(sum(ks), pass_ms, rows)
-        acceptances = [a.updated(k, n) for a, k, n in zip(acceptances, ks, accepted, strict=True)]
-    return ms / tokens
-
-
-def batch_auto(policy: DraftLengthPolicy, rows: int):
-    """What the server answers a /draft/batch request of `rows` "auto" rows: each row's plan against its share,
-    then the drafts kept only if they pay together (drafter.sessions.speculation.Speculation.together)."""
-
-    def choose(acceptances: list[Acceptance]) -> list[int]:
-        ks = [policy.plan(a, IDLE, 1000, rows=rows)[1] for a in acceptances]
-        planned = [
-            RowDraft(policy.expected_tokens(a, (), 0, k), k, k, a.rounds_without_drafts >= a.probe_every)
-            for a, k in zip(acceptances, ks, strict=True)
-        ]
-        return [k if keep else 0 for k, keep in zip(ks, policy.together(planned, IDLE), strict=True)]
-
-    return choose
-
-
-def fixed(k: int):
-    return lambda acceptances: [k] * len(acceptances)
-
-
-@pytest.mark.parametrize("rows", [1, 4, 8])
-@pytest.mark.parametrize("p", [0.5, 0.7, 0.85, 0.95])
-def test_rows_of_a_batching_target_weigh_their_share_of_the_pass_and_never_cost_more_than_5_percent(p, rows):
-    """The rows of a /draft/batch request draft only where together they beat the same rows without drafts:
-    a batch never makes the target 5% slower than no speculation, nor 10% slower than the best fixed k (one
-    row: 25%, as with CPU_COST above: near break-even, one unlucky round drops the estimate that halves
-    each round below it, and 0 drafts wait for a probe; 20% off at p = 0.85)."""
-    policy = DraftLengthPolicy(batch_cost(rows), 4, max_batch_size=8, max_queue_depth=8)
-    ms = simulated_batch_ms_per_token(batch_auto(policy, rows), p, rows, rounds=400)
-    by_k = [simulated_batch_ms_per_token(fixed(k), p, rows, rounds=400) for k in range(5)]
-    assert ms <= 1.05 * by_k[0], (ms, by_k[0])
-    assert ms <= (1.25 if rows == 1 else 1.10) * min(by_k), (ms, int(np.argmin(by_k)))
-
-
-def test_a_row_weighed_as_if_alone_drafts_where_the_batch_loses():
-    """The fault the share fixes: at 8 rows and acceptance 0.93, each row as if it were the target's only
-    request drafts 4 (its tokens beat a whole plain pass), and the batch runs at ~0.8x of no speculation."""
-    rows, p = 8, 0.93
-    policy = DraftLengthPolicy(batch_cost(rows), 4, max_batch_size=8, max_queue_depth=8)
-    as_if_alone = simulated_batch_ms_per_token(lambda a: [policy.plan(x, IDLE, 1000)[1] for x in a], p, rows)
-    shared = simulated_batch_ms_per_token(batch_auto(policy, rows), p, rows)
-    plain = simulated_batch_ms_per_token(fixed(0), p, rows)
-    assert as_if_alone > 1.15 * plain and shared <= 1.05 * plain
-
-
-def test_a_row_whose_drafts_pay_only_with_the_others_drafting_answers_none_alone():
-    """Each row plans against its share of our draft batch; a row drafting alone makes the pass wait for a
-    whole batch, so only a probe drafts then."""
-    policy = DraftLengthPolicy(batch_cost(4), 4, max_batch_size=8, max_queue_depth=8)
-    sure = Acceptance(accepted=19, rejected=1)
-    k = policy.plan(sure, IDLE, 1000, rows=4)[1]
-    assert k >= 1
-    drafting = RowDraft(policy.expected_tokens(sure, (), 0, k), k, k)
-    plain = RowDraft(1.0, 0, 0)
-    assert policy.together([drafting] * 4, IDLE) == [True] * 4
-    assert policy.together([drafting] + [plain] * 3, IDLE) == [False] * 4
-    probe = RowDraft(drafting.expected, k, k, probe=True)
-    assert policy.together([probe] + [plain] * 3, IDLE) == [True, False, False, False]
-
-
-@pytest.mark.parametrize("rows", [4, 8])
-def test_rows_told_a_gpu_step_learn_their_share_of_the_pass_from_call_gaps(rows):
-    """Told the default step (a GPU target's 25 ms) and no per-token cost, a batch's rows learn from their
-    gaps, each the whole pass, heard as one row's share; they end within 5% of no speculation."""
-    blind = DraftCost(25.0, DRAFT_BASE_MS, DRAFT_STEP_MS + DRAFT_ROW_MS * rows)
-    auto = DraftLengthPolicy(blind, 4, max_batch_size=8, max_queue_depth=8)
-    ms = simulated_batch_ms_per_token(
-        batch_auto(auto, rows), 0.85, rows, rounds=400, gaps=auto.target.observe
-    )
-    plain = simulated_batch_ms_per_token(fixed(0), 0.85, rows, rounds=400)
-    assert ms <= 1.05 * plain, (ms, plain)
-    assert auto.target.step_ms(rows) == pytest.approx((PASS_MS + PASS_TOKEN_MS * rows) / rows)
 
 
 def test_target_cost_takes_medians_of_call_gaps_by_draft_length():

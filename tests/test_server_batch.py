@@ -43,6 +43,8 @@ def test_batch_rows_equal_the_engine_and_share_one_engine_batch(client):
     )
     ok = 'drafter_request_seconds_count{status="200"}'
     assert metric_value(after, ok) == metric_value(before, ok) + len(rows)
+    # "auto" learns what a batch of this size cost our engine (drafter.sessions.draft_length)
+    assert str(len(rows)) in client.get("/info").json()["draft_length_policy"]["by_batch_size"]
 
 
 def test_batch_sessions_go_on_incrementally_row_by_row(client):

@@ -47,7 +47,7 @@ class Batcher:
         window_s: float,
         metrics: BatcherMetrics,  # the HTTP face implements it (drafter/reporting.py)
         on_engine_failure: Callable[[BaseException], None],
-        on_decode: Callable[[float, int], None] = lambda decode_ms, num_steps: None,
+        on_decode: Callable[[float, int, int, float], None] = lambda decode_ms, steps, rows, engine_ms: None,
         runs_inline: Callable[[DraftRequest], bool] = lambda request: False,
     ):
         self.engine_thread, self.draft_batch = engine_thread, draft_batch
@@ -270,7 +270,8 @@ class Batcher:
         self.pump()
 
     def record(self, batch: list[Pending], results: list[DraftResult]) -> None:
-        self.on_decode(results[0].decode_ms, results[0].num_steps)  # the steps that ran, not the k asked
+        first = results[0]  # the steps that ran, not the k asked; the batch's whole engine time
+        self.on_decode(first.decode_ms, first.num_steps, len(results), first.engine_ms)
         metrics = self.metrics
         for pending in batch:
             metrics.queue_wait_seconds.observe(pending.started - pending.arrived)

@@ -32,6 +32,9 @@ for all of our drafts before it, so one row's drafts cost every row. Its n rows 
 a row's drafts pay only if its tokens per ms beat that, against its share of the pass (`round_ms(k, rows)`,
 drafter.sessions.target_cost) and of our batch (draft_ms / n). Weighed as if alone, each row compared its
 drafts with a whole plain step and a batch of 4-8 rows drafted at 0.5-0.65x the speed of no speculation.
+Our batch's cost is what batches of that size cost lately (`by_rows`: on a CPU a step of 4 rows costs more
+than one row's), and the rows keep their drafts only if together they pay (`pays_together`): a row drafting
+alone still makes the pass wait for a whole batch of ours. Rows answered none probe together (`BatchProbe`).
 
 Why 0 drafts, and probes: where drafting costs more than the accepted tokens save (low acceptance, or a
 draft step that is not cheap next to a verify pass, as on a CPU), the policy answers 0 drafts and the
@@ -56,6 +59,7 @@ from drafter.sessions.target_cost import TargetCost
 PRIOR_ACCEPTANCE = 0.7  # a fresh server's guess, before any feedback arrives
 PRIOR_WEIGHT = 2.0  # worth two rounds of evidence: the first real rounds outweigh it at once
 STEP_WEIGHT = 0.05  # of each batch's decode ms per step in the running step cost
+BATCH_WEIGHT = 0.3  # of each batch's costs in its batch size's: a batching target's rows change size often
 DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
 PROBE_EVERY = 8  # calls answered 0 drafts (by acceptance) before a session's next call drafts to learn
 MAX_PROBE_EVERY = 64  # the wait doubles after each probe that did not bring drafting back, up to this
@@ -91,7 +95,29 @@ class RowDraft:
     expected: float  # 1 + E[accepted]: the target's tokens from this row's round
     verified: int  # the drafts the target verifies (a suffix lead and model drafts)
     model: int  # of them, model drafts: the steps our batch runs
-    probe: bool = False  # drafts to learn after calls answered none: kept whatever the others do
+
+
+@dataclass(frozen=True, slots=True)
+class BatchProbe:
+    """Passes of a batching target answered no drafts, and how many before all its rows draft at once (a
+    probe of the whole batch: one draft batch of ours, where each row's own probe, due at its own time,
+    made nearly every pass wait for one)."""
+
+    passes: int = 0
+    wait: int = PROBE_EVERY
+
+    @property
+    def due(self) -> bool:
+        return self.passes >= self.wait
+
+    def drafted(self) -> BatchProbe:
+        return BatchProbe()
+
+    def waited(self) -> BatchProbe:
+        return replace(self, passes=self.passes + 1)
+
+    def probed(self) -> BatchProbe:  # the next probe waits twice as long, unless drafting comes back
+        return BatchProbe(0, min(2 * self.wait, MAX_PROBE_EVERY))
 
 
 class DraftLengthConfigError(ValueError):
@@ -137,16 +163,30 @@ class DraftLengthPolicy:
         self.cost, self.max_draft_tokens = cost, max_draft_tokens
         self.max_batch_size, self.max_queue_depth = max_batch_size, max_queue_depth
         self.step_ms = cost.step_ms  # refined by every batch: a startup measure on a busy host is noisy
+        # Batch size -> (base ms, ms a step) of the engine's batches of that size: what the rows of one
+        # /draft/batch request wait for, drafting together (a CPU's batch of 4 steps ~2x one row's).
+        self.by_rows: dict[int, tuple[float, float]] = {}
         # The target's round, told by the flags until the gaps between a session's calls say otherwise.
         self.target = TargetCost(
             cost.target_verify_ms, cost.target_token_ms, max_draft_tokens, learn_target_cost
         )
         self.steps = np.array([decode_steps(k) for k in range(1, max_draft_tokens + 1)], dtype=np.float64)
 
-    def observe(self, decode_ms: float, num_steps: int) -> None:
-        """A batch's decode loop took decode_ms for num_steps steps."""
-        if num_steps > 0:
-            self.step_ms += STEP_WEIGHT * (decode_ms / num_steps - self.step_ms)
+    def observe(
+        self, decode_ms: float, num_steps: int, rows: int = 1, engine_ms: float | None = None
+    ) -> None:
+        """A batch of `rows` calls took engine_ms in all, of which its decode loop decode_ms for num_steps
+        steps."""
+        if num_steps <= 0:
+            return
+        step_ms = decode_ms / num_steps
+        self.step_ms += STEP_WEIGHT * (step_ms - self.step_ms)
+        base_ms = self.cost.draft_base_ms if engine_ms is None else max(engine_ms - decode_ms, 0.0)
+        if rows in self.by_rows:  # a running estimate per batch size; the first batch of a size sets it
+            known_base, known_step = self.by_rows[rows]
+            base_ms = known_base + BATCH_WEIGHT * (base_ms - known_base)
+            step_ms = known_step + BATCH_WEIGHT * (step_ms - known_step)
+        self.by_rows[rows] = (base_ms, step_ms)
 
     def choose(self, acceptance: Acceptance, load: Load, room: int) -> int:
         """k in [0, min(max_draft_tokens, room)]: 0 under load, with no room left, or where no k >= 1 beats
@@ -161,13 +201,15 @@ class DraftLengthPolicy:
         head_probs: Sequence[float] = (),
         model: bool = True,
         rows: int = 1,
+        probe: bool | None = None,
     ) -> tuple[int, int]:
         """(L, k): lead with the first L tokens of a suffix draft (head_probs: the chance that each of its
         tokens is reached, as the session's track scales the index's counts), then k model drafts; the pair
         with the most target tokens per ms, L + k within the server's maximum and the room left. (0, 0) is a
         plain decode step. Without `model` (a suffix-only call) or past the queue limit, k is 0. `rows`: the
         calls of one /draft/batch request, rows of one pass of the target and one engine batch of ours; each
-        weighs its tokens against its share of both (see "Why rows share" above)."""
+        weighs its tokens against its share of both (see "Why rows share" above). `probe`: whether the model
+        drafts at least one; None: as the session's own wait for a probe says."""
         limit = min(self.max_draft_tokens, room)
         if limit < 1:
             return 0, 0
@@ -177,25 +219,33 @@ class DraftLengthPolicy:
         usable = lead + ks <= limit
         if not model or load.queue_depth >= self.max_queue_depth:
             usable &= ks == 0
-        # A probe: after PROBE_EVERY calls without model drafts, the model drafts at least one, to learn.
-        elif acceptance.rounds_without_drafts >= acceptance.probe_every and usable[:, 1:].any():
-            usable &= ks > 0
+        else:  # A probe: after PROBE_EVERY calls without model drafts, the model drafts at least one, to learn.
+            if probe is None:
+                probe = acceptance.rounds_without_drafts >= acceptance.probe_every
+            if probe and usable[:, 1:].any():
+                usable &= ks > 0
         head_expected = np.concatenate(([0.0], np.cumsum(probs)))[:, None]  # E[accepted of the L lead]
         reach = np.concatenate(([1.0], probs))[:, None]  # P(all L accepted): the model's drafts count
         model_expected = np.concatenate(([0.0], np.cumsum(np.full(limit, acceptance.p).cumprod())))[None, :]
-        round_ms = self.target.round_ms(lead + ks, rows) + self.draft_ms(ks, load) / rows
+        round_ms = self.target.round_ms(lead + ks, rows) + self.draft_ms(ks, load, rows) / rows
         rate = (1.0 + head_expected + reach * model_expected) / round_ms
         rate = np.where(usable, rate, -np.inf)
         best_lead, best_k = np.unravel_index(int(np.argmax(rate)), rate.shape)  # the shortest among equals
         return int(best_lead), int(best_k)
 
-    def draft_ms(self, num_drafts, load: Load):
-        """Our answer's wait for `num_drafts` model drafts (an int or an array): none without them, since the
-        answer then skips the engine."""
-        step_ms = self.step_ms * (1.0 + (load.queue_depth + load.running) / self.max_batch_size)
+    def draft_ms(self, num_drafts, load: Load, rows: int = 1):
+        """Our answer's wait for `num_drafts` model drafts (an int or an array) when `rows` calls draft
+        together; none without drafts, since the answer then skips the engine. A batch size not seen yet
+        costs what the largest smaller one did: drafting once at that size measures it."""
+        base_ms, step_ms = self.cost.draft_base_ms, self.step_ms
+        if rows > 1:
+            known = [size for size in self.by_rows if size <= rows]
+            if known:
+                base_ms, step_ms = self.by_rows[max(known)]
+        step_ms *= 1.0 + (load.queue_depth + load.running) / self.max_batch_size
         k = np.asarray(num_drafts)
         steps = np.concatenate(([0.0], self.steps))[np.minimum(k, self.max_draft_tokens)]
-        return np.where(k > 0, self.cost.draft_base_ms + steps * step_ms, 0.0)
+        return np.where(k > 0, base_ms + steps * step_ms, 0.0)
 
     def expected_tokens(
         self, acceptance: Acceptance, head_probs: Sequence[float], lead: int, k: int
@@ -205,19 +255,19 @@ class DraftLengthPolicy:
         model = float(np.full(k, acceptance.p).cumprod().sum())
         return 1.0 + float(probs.sum()) + float(probs.prod()) * model
 
-    def together(self, rows: Sequence[RowDraft], load: Load) -> list[bool]:
-        """Which rows of one pass of a batching target (a /draft/batch request) keep their planned drafts:
-        all, if together they make the target faster than the same rows without drafts; else only probes.
-        Each row planned against its share of the pass and of our batch, the right share when every row
-        drafts; when only some do, the pass still waits for a whole batch of ours."""
+    def pays_together(self, rows: Sequence[RowDraft], load: Load) -> bool:
+        """Whether the drafts planned for the rows of one pass of a batching target (a /draft/batch request)
+        make it faster than the same rows without drafts (False when none is planned). Each row planned
+        against its share of the pass and of our batch, the right share when every row drafts; when only
+        some do, the pass still waits for a whole batch of ours."""
+        if not any(row.verified for row in rows):
+            return False
         n = len(rows)
-        if any(row.verified for row in rows):
-            longest = max(row.model for row in rows)
-            pass_ms = sum(float(self.target.round_ms(row.verified, n)) for row in rows)
-            drafted = sum(row.expected for row in rows) / (pass_ms + float(self.draft_ms(longest, load)))
-            if drafted <= 1.0 / float(self.target.round_ms(0, n)):
-                return [row.probe for row in rows]
-        return [True] * n
+        longest, drafting = max(row.model for row in rows), sum(row.model > 0 for row in rows)
+        pass_ms = sum(float(self.target.round_ms(row.verified, n)) for row in rows)
+        draft_ms = float(self.draft_ms(longest, load, drafting))
+        drafted = sum(row.expected for row in rows) / (pass_ms + draft_ms)
+        return drafted > 1.0 / float(self.target.round_ms(0, n))
 
     def describe(self) -> dict:
         cost = self.cost
@@ -230,6 +280,10 @@ class DraftLengthPolicy:
             "draft_base_ms": round(cost.draft_base_ms, 4),
             "step_ms": round(self.step_ms, 4),
             "step_ms_at_startup": round(cost.step_ms, 4),
+            "by_batch_size": {
+                str(size): {"base_ms": round(base, 3), "step_ms": round(step, 3)}
+                for size, (base, step) in sorted(self.by_rows.items())
+            },
             "load_step_factor": "1 + (queue_depth + running) / max_batch_size",
             "zero_drafts_at_queue_depth": self.max_queue_depth,
             "acceptance_estimate": "decayed accepted / (accepted + rejections), per session",

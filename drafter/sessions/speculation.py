@@ -19,7 +19,14 @@ import numpy as np
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.reporting import SpeculationMetrics
-from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftLengthPolicy, Load, RowDraft
+from drafter.sessions.draft_length import (
+    PROBE_EVERY,
+    Acceptance,
+    BatchProbe,
+    DraftLengthPolicy,
+    Load,
+    RowDraft,
+)
 from drafter.sessions.draft_source import (
     HYBRID,
     MODEL,
@@ -53,7 +60,7 @@ class Call:
     settled: bool = False  # finished or abandoned: a v2 call lets go of its session exactly once
     rows: int = 1  # the calls of its /draft/batch request: rows of one pass of the target
     expected: float = 1.0  # under "auto" in a batch: 1 + E[accepted] of the planned draft
-    probe: bool = False  # under "auto": drafts to learn after calls answered none
+    probe_plan: tuple[SuffixDraft, int] | None = None  # in a batch due for a probe: (head, k) with k >= 1
     pass_drafts: int | None = None  # the drafts sent to all of them (None: this call's own)
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
 
@@ -96,6 +103,7 @@ class Speculation:
         # The wait before a probe where the last verified model draft left it: a new session starts there,
         # so many short conversations where drafting does not pay do not each pay for the early probes.
         self.probe_every = PROBE_EVERY
+        self.batch_probe = BatchProbe()  # the rows of /draft/batch requests probe together
         self.suffix_track = SuffixTrack()
         self.tally = AcceptanceTally(metrics, max_draft_tokens)
         metrics.sessions_live.set_function(lambda: len(self.sessions))
@@ -148,12 +156,16 @@ class Speculation:
             if source == HYBRID and lead.score < self.suffix_min_score:
                 lead = NO_DRAFT
             probs = scaled_probs(lead, track)
-            plan = self.policy.plan(acceptance, load, room, probs, source != SUFFIX, rows)
+            # In a batch the rows probe together (Speculation.together), never each at its own time.
+            probe = None if rows == 1 else False
+            plan = self.policy.plan(acceptance, load, room, probs, source != SUFFIX, rows, probe)
             length, call.num_draft_tokens = plan
             call.head = lead.cut(length)
-            call.probe = acceptance.rounds_without_drafts >= acceptance.probe_every
             if rows > 1:
                 call.expected = self.policy.expected_tokens(acceptance, probs, length, call.num_draft_tokens)
+                if self.batch_probe.due:
+                    length, k = self.policy.plan(acceptance, load, room, probs, source != SUFFIX, rows, True)
+                    call.probe_plan = lead.cut(length), k
         elif source == SUFFIX:
             call.head = call.lookup
         else:
@@ -164,22 +176,26 @@ class Speculation:
         return call
 
     def together(self, calls: list[Call], load: Load) -> None:
-        """The rows of one /draft/batch request, all `"auto"`: when their drafts do not pay together
-        (DraftLengthPolicy.together), only the probes among them draft; the others answer none."""
+        """The rows of one /draft/batch request, all `"auto"` (prepared with `rows`): they keep the drafts
+        each planned against its share only if together those pay (DraftLengthPolicy.pays_together). Else
+        they answer none, and once as many such passes went by as a session waits before a probe, all of
+        them draft at once (drafter.sessions.draft_length.BatchProbe)."""
         if len(calls) < 2 or any(call.params.num_draft_tokens != AUTO for call in calls):
             return
         rows = [
-            RowDraft(
-                call.expected,
-                len(call.head.tokens) + call.num_draft_tokens,
-                call.num_draft_tokens,
-                call.probe,
-            )
+            RowDraft(call.expected, len(call.head.tokens) + call.num_draft_tokens, call.num_draft_tokens)
             for call in calls
         ]
-        for call, keep in zip(calls, self.policy.together(rows, load), strict=True):
-            if not keep:
-                call.num_draft_tokens, call.head = 0, NO_DRAFT
+        if self.policy.pays_together(rows, load):
+            self.batch_probe = self.batch_probe.drafted()
+            return
+        probing = self.batch_probe.due
+        self.batch_probe = self.batch_probe.probed() if probing else self.batch_probe.waited()
+        for call in calls:
+            if probing and call.probe_plan is not None:
+                call.head, call.num_draft_tokens = call.probe_plan
+            else:
+                call.head, call.num_draft_tokens = NO_DRAFT, 0
 
     def look_up(self, params: DraftParams, context, max_tokens: int) -> tuple[SuffixDraft, float]:
         """The suffix index's draft for this call's context, and what the lookup took (ms)."""

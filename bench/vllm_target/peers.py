@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 from bench.harness.prompts import BenchError
 from bench.harness.server import ServerProcess, free_port
 from bench.realpair.benchmark import DEFAULT_DIR
@@ -113,6 +115,8 @@ def measure_mode(mode: Mode, vllm: VllmTarget, pair: PeerPair, args, prompts: di
                 rows[concurrency][workload] = row = best_run(vllm, batch[:concurrency], args, pair)
                 if row["proposer_skipped"]:  # steps that went without drafter's drafts: say so at once
                     print(f"  {workload}: calls skipped {row['proposer_skipped']}", file=sys.stderr)
+                if mode.auto:  # what "auto" had learned by the end of this workload's run
+                    row["auto_policy"] = server_policy(server)
     finally:
         if server is not None:
             server.close()
@@ -129,6 +133,11 @@ def start_server(mode: Mode, pair: PeerPair, port: int, flags: list[str]) -> Ser
         server.close()
         raise
     return server
+
+
+def server_policy(server: ServerProcess) -> dict:
+    """The server's draft-length policy as /info shows it: the target's costs it learned, its own."""
+    return httpx.get(f"{server.url}/info", timeout=30).json()["draft_length_policy"]
 
 
 def warm_up(vllm: VllmTarget, prompts: dict, args, pair: PeerPair) -> None:

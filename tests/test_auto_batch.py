@@ -57,19 +57,20 @@ class Clock:
 
 def simulate(policy, k, p: float, rows: int, rounds: int = 300, shared: bool = True, clock=None):
     """The target's ms per token over `rounds` passes of `rows` conversations, each draft kept with
-    probability p; k: "auto" or a fixed count; `shared`: the rows come as one /draft/batch request (else
+    probability p; k: "auto" or a fixed count, or one of those per row; `shared`: the rows come as one /draft/batch request (else
     each as its own call, weighed as if alone). Returns (ms per token, each pass's drafts)."""
     spec = Speculation(SessionTable(64, 600, 8192), policy, Metrics(1), K, 8192)
     rng, tokens, ms, history = random.Random(0), 0, 0.0, []
     contexts = [list(range(1 + row, 40 + row)) for row in range(rows)]
     grants: list[tuple[str, int]] = [("", 0)] * rows  # each session's token and where its next call starts
+    asked = k if isinstance(k, list) else [k] * rows
     for _ in range(rounds):
         calls = []
         for row in range(rows):
             token, prefix_len = grants[row]
             new = contexts[row][prefix_len:] if token else contexts[row]
             params = DraftParams(
-                np.asarray(new), k, session=f"row{row}", source=MODEL,
+                np.asarray(new), asked[row], session=f"row{row}", source=MODEL,
                 **({"prefix_len": prefix_len, "session_token": token} if token else {}),
             )  # fmt: skip
             calls.append(spec.prepare(params, IDLE, rows if shared else 1))
@@ -123,6 +124,13 @@ def test_rows_probe_together_and_each_probe_that_brings_no_drafting_back_doubles
     assert all(all(history[i]) for i in drafted), history  # a probe: every row at once
     gaps = np.diff([-1, *drafted]) - 1  # passes without drafts before each probe
     assert list(gaps[:3]) == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY], drafted
+
+
+def test_auto_rows_beside_a_row_at_a_fixed_k_still_probe_together():
+    _, history = simulate(told(4), [4, AUTO, AUTO, AUTO], 0.05, 4, rounds=4 * PROBE_EVERY)
+    assert all(ks[0] == 4 for ks in history)  # the client's k, as asked
+    probes = [i for i, ks in enumerate(history) if any(ks[1:])]
+    assert probes and all(all(history[i][1:]) for i in probes), history
 
 
 @pytest.mark.parametrize("rows", [4, 8])

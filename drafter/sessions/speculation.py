@@ -176,22 +176,23 @@ class Speculation:
         return call
 
     def together(self, calls: list[Call], load: Load) -> None:
-        """The rows of one /draft/batch request, all `"auto"` (prepared with `rows`): they keep the drafts
-        each planned against its share only if together those pay (DraftLengthPolicy.pays_together). Else
-        they answer none, and once as many such passes went by as a session waits before a probe, all of
-        them draft at once (drafter.sessions.draft_length.BatchProbe)."""
-        if len(calls) < 2 or any(call.params.num_draft_tokens != AUTO for call in calls):
+        """The rows of one /draft/batch request (prepared with `rows`): its `"auto"` rows keep the drafts each
+        planned against its share only if together those pay (DraftLengthPolicy.pays_together). Else they
+        answer none, and once as many such passes went by as a session waits before a probe, all of them
+        draft at once (drafter.sessions.draft_length.BatchProbe). Rows at a fixed k draft as asked."""
+        autos = [call for call in calls if call.params.num_draft_tokens == AUTO]  # a fixed k is the client's
+        if len(calls) < 2 or not autos:
             return
         rows = [
             RowDraft(call.expected, len(call.head.tokens) + call.num_draft_tokens, call.num_draft_tokens)
-            for call in calls
+            for call in autos
         ]
         if self.policy.pays_together(rows, load):
             self.batch_probe = self.batch_probe.drafted()
             return
         probing = self.batch_probe.due
         self.batch_probe = self.batch_probe.probed() if probing else self.batch_probe.waited()
-        for call in calls:
+        for call in autos:
             if probing and call.probe_plan is not None:
                 call.head, call.num_draft_tokens = call.probe_plan
             else:

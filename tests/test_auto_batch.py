@@ -55,11 +55,11 @@ class Clock:
         return self.now
 
 
-def simulate(policy, k, p: float, rows: int, rounds: int = 300, shared: bool = True, clock=None):
+def simulate(policy, k, p: float, rows: int, rounds: int = 300, shared: bool = True, clock=None, spec=None):
     """The target's ms per token over `rounds` passes of `rows` conversations, each draft kept with
     probability p; k: "auto" or a fixed count, or one of those per row; `shared`: the rows come as one /draft/batch request (else
     each as its own call, weighed as if alone). Returns (ms per token, each pass's drafts)."""
-    spec = Speculation(SessionTable(64, 600, 8192), policy, Metrics(1), K, 8192)
+    spec = spec or Speculation(SessionTable(64, 600, 8192), policy, Metrics(1), K, 8192)
     rng, tokens, ms, history = random.Random(0), 0, 0.0, []
     contexts = [list(range(1 + row, 40 + row)) for row in range(rows)]
     grants: list[tuple[str, int]] = [("", 0)] * rows  # each session's token and where its next call starts
@@ -124,6 +124,15 @@ def test_rows_probe_together_and_each_probe_that_brings_no_drafting_back_doubles
     assert all(all(history[i]) for i in drafted), history  # a probe: every row at once
     gaps = np.diff([-1, *drafted]) - 1  # passes without drafts before each probe
     assert list(gaps[:3]) == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY], drafted
+
+
+def test_a_batch_probe_leaves_a_new_sessions_wait_for_a_probe_as_it_was():
+    """The server-wide wait a new session starts at comes from sessions' own probes, not a batch's rows."""
+    policy = told(4)
+    spec = Speculation(SessionTable(64, 600, 8192), policy, Metrics(1), K, 8192)
+    _, history = simulate(policy, AUTO, 0.05, 4, rounds=3 * PROBE_EVERY + 3, spec=spec)
+    assert sum(any(ks) for ks in history) == 2  # two batch probes, neither brought drafting back
+    assert spec.probe_every == PROBE_EVERY
 
 
 def test_auto_rows_beside_a_row_at_a_fixed_k_still_probe_together():

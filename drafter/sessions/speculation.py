@@ -214,7 +214,8 @@ class Speculation:
             return acceptance.updated(0, 0)
         if accepted >= head_len:
             acceptance = acceptance.updated(num_model, accepted - head_len)
-            self.probe_every = acceptance.probe_every
+            if session.pass_rows == 1:  # a batch's rows probe together: their own waits are not a session's
+                self.probe_every = acceptance.probe_every
         return acceptance
 
     def finish(self, call: Call, drafts: list[int]) -> dict:

@@ -135,6 +135,17 @@ def test_a_batch_probe_leaves_a_new_sessions_wait_for_a_probe_as_it_was():
     assert spec.probe_every == PROBE_EVERY
 
 
+def test_rows_make_no_batch_probe_where_even_drafts_all_kept_would_not_pay():
+    """A probe on a CPU re-prefills everything since each row's last draft (seconds at 8 rows); where our
+    batch is too slow next to the target's pass for any acceptance to pay, none is made."""
+    slow = DraftLengthPolicy(batch_cost(8), K, 8, 8, learn_target_cost=False)
+    slow.observe(5 * 2000.0, 5, rows=8, engine_ms=5 * 2000.0, prefill_ms=0.0, prefilled=0)
+    _, history = simulate(slow, AUTO, 1.0, 8, rounds=3 * PROBE_EVERY)
+    assert not any(any(ks) for ks in history)
+    _, history = simulate(told(4), AUTO, 0.05, 4, rounds=3 * PROBE_EVERY)
+    assert any(any(ks) for ks in history)  # 4 rows at the costs told: drafts all kept would pay, it probes
+
+
 def test_auto_rows_beside_a_row_at_a_fixed_k_still_probe_together():
     _, history = simulate(told(4), [4, AUTO, AUTO, AUTO], 0.05, 4, rounds=4 * PROBE_EVERY)
     assert all(ks[0] == 4 for ks in history)  # the client's k, as asked
@@ -177,9 +188,11 @@ def test_rows_weigh_our_batch_at_its_size_as_batches_of_that_size_ran():
     policy = DraftLengthPolicy(one_row, K, max_batch_size=8, max_queue_depth=8)
     sure = Acceptance(accepted=19, rejected=1)
     assert policy.plan(sure, IDLE, 1000, rows=4)[1] == K
-    for _ in range(2):
-        policy.observe(decode_ms=5 * 900.0, num_steps=5, rows=4, engine_ms=5 * 900.0 + 300.0)
-    assert policy.describe()["by_batch_size"]["4"] == {"base_ms": 300.0, "step_ms": 900.0}
+    for _ in range(2):  # 40 tokens prefilled in 400 ms, 5 steps of 900 ms, 300 ms besides
+        policy.observe(5 * 900.0, 5, rows=4, engine_ms=5 * 900.0 + 700.0, prefill_ms=400.0, prefilled=40)
+    seen = {"base_ms": 300.0, "step_ms": 900.0, "prefill_token_ms": 10.0}
+    assert policy.describe()["by_batch_size"]["4"] == seen
     assert policy.plan(sure, IDLE, 1000, rows=4)[1] == 0
-    assert float(policy.draft_ms(3, IDLE, rows=6)) == pytest.approx(300.0 + 3 * 900.0)
+    # 6 rows drafting 3 every round: each prefills its 3 drafts and the target's token
+    assert float(policy.draft_ms(3, IDLE, rows=6)) == pytest.approx(300.0 + 6 * 4 * 10.0 + 3 * 900.0)
     assert float(policy.draft_ms(3, IDLE, rows=1)) < 1000.0  # one row: its own cost, as at startup

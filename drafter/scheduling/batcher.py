@@ -47,7 +47,9 @@ class Batcher:
         window_s: float,
         metrics: BatcherMetrics,  # the HTTP face implements it (drafter/reporting.py)
         on_engine_failure: Callable[[BaseException], None],
-        on_decode: Callable[[float, int, int, float], None] = lambda decode_ms, steps, rows, engine_ms: None,
+        on_decode: Callable[..., None] = lambda decode_ms, num_steps, *batch: (
+            None
+        ),  # DraftLengthPolicy.observe
         runs_inline: Callable[[DraftRequest], bool] = lambda request: False,
     ):
         self.engine_thread, self.draft_batch = engine_thread, draft_batch
@@ -271,7 +273,10 @@ class Batcher:
 
     def record(self, batch: list[Pending], results: list[DraftResult]) -> None:
         first = results[0]  # the steps that ran, not the k asked; the batch's whole engine time
-        self.on_decode(first.decode_ms, first.num_steps, len(results), first.engine_ms)
+        prefilled = sum(result.prefilled for result in results)
+        self.on_decode(
+            first.decode_ms, first.num_steps, len(results), first.engine_ms, first.prefill_ms, prefilled
+        )
         metrics = self.metrics
         for pending in batch:
             metrics.queue_wait_seconds.observe(pending.started - pending.arrived)

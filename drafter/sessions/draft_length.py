@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,6 +87,15 @@ class Acceptance:
         probed = self.rounds_without_drafts >= self.probe_every
         wait = min(2 * self.probe_every, MAX_PROBE_EVERY) if probed else PROBE_EVERY
         return Acceptance(DECAY * self.accepted + num_accepted, DECAY * self.rejected + rejected, 0, wait)
+
+
+class BatchCost(NamedTuple):
+    """What the engine's batches of one size cost lately."""
+
+    base_ms: float  # beyond the prefill and the decode loop: cache lookup, readback, bookkeeping
+    step_ms: float  # one decode step
+    prefill_token_ms: float  # a prefilled token: a row brings its kept drafts and the target's token, or,
+    # after calls without drafts, everything since its last draft (a probe's cost on a CPU: seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +173,9 @@ class DraftLengthPolicy:
         self.cost, self.max_draft_tokens = cost, max_draft_tokens
         self.max_batch_size, self.max_queue_depth = max_batch_size, max_queue_depth
         self.step_ms = cost.step_ms  # refined by every batch: a startup measure on a busy host is noisy
-        # Batch size -> (base ms, ms a step) of the engine's batches of that size: what the rows of one
-        # /draft/batch request wait for, drafting together (a CPU's batch of 4 steps ~2x one row's).
-        self.by_rows: dict[int, tuple[float, float]] = {}
+        # Batch size -> what the engine's batches of that size cost: what the rows of one /draft/batch
+        # request wait for, drafting together (on a CPU a step of 4 rows costs more than one row's).
+        self.by_rows: dict[int, BatchCost] = {}
         # The target's round, told by the flags until the gaps between a session's calls say otherwise.
         self.target = TargetCost(
             cost.target_verify_ms, cost.target_token_ms, max_draft_tokens, learn_target_cost
@@ -173,20 +183,31 @@ class DraftLengthPolicy:
         self.steps = np.array([decode_steps(k) for k in range(1, max_draft_tokens + 1)], dtype=np.float64)
 
     def observe(
-        self, decode_ms: float, num_steps: int, rows: int = 1, engine_ms: float | None = None
+        self,
+        decode_ms: float,
+        num_steps: int,
+        rows: int = 1,
+        engine_ms: float | None = None,
+        prefill_ms: float = 0.0,
+        prefilled: int = 0,
     ) -> None:
-        """A batch of `rows` calls took engine_ms in all, of which its decode loop decode_ms for num_steps
-        steps."""
+        """A batch of `rows` calls took engine_ms in all: its prefill of `prefilled` tokens prefill_ms, its
+        decode loop decode_ms for num_steps steps."""
         if num_steps <= 0:
             return
         step_ms = decode_ms / num_steps
         self.step_ms += STEP_WEIGHT * (step_ms - self.step_ms)
-        base_ms = self.cost.draft_base_ms if engine_ms is None else max(engine_ms - decode_ms, 0.0)
-        if rows in self.by_rows:  # a running estimate per batch size; the first batch of a size sets it
-            known_base, known_step = self.by_rows[rows]
-            base_ms = known_base + BATCH_WEIGHT * (base_ms - known_base)
-            step_ms = known_step + BATCH_WEIGHT * (step_ms - known_step)
-        self.by_rows[rows] = (base_ms, step_ms)
+        if engine_ms is None:
+            return
+        seen = BatchCost(
+            max(engine_ms - decode_ms - prefill_ms, 0.0),
+            step_ms,
+            prefill_ms / prefilled if prefilled else 0.0,
+        )
+        known = self.by_rows.get(rows)
+        if known is not None:  # a running estimate per batch size; the first batch of a size sets it
+            seen = BatchCost(*(a + BATCH_WEIGHT * (b - a) for a, b in zip(known, seen, strict=True)))
+        self.by_rows[rows] = seen
 
     def choose(self, acceptance: Acceptance, load: Load, room: int) -> int:
         """k in [0, min(max_draft_tokens, room)]: 0 under load, with no room left, or where no k >= 1 beats
@@ -237,13 +258,16 @@ class DraftLengthPolicy:
         """Our answer's wait for `num_drafts` model drafts (an int or an array) when `rows` calls draft
         together; none without drafts, since the answer then skips the engine. A batch size not seen yet
         costs what the largest smaller one did: drafting once at that size measures it."""
+        k = np.asarray(num_drafts)
         base_ms, step_ms = self.cost.draft_base_ms, self.step_ms
         if rows > 1:
             known = [size for size in self.by_rows if size <= rows]
             if known:
-                base_ms, step_ms = self.by_rows[max(known)]
+                batch = self.by_rows[max(known)]
+                # Drafting every round, a row brings its drafts and the target's token to prefill.
+                base_ms = batch.base_ms + batch.prefill_token_ms * rows * (1 + k)
+                step_ms = batch.step_ms
         step_ms *= 1.0 + (load.queue_depth + load.running) / self.max_batch_size
-        k = np.asarray(num_drafts)
         steps = np.concatenate(([0.0], self.steps))[np.minimum(k, self.max_draft_tokens)]
         return np.where(k > 0, base_ms + steps * step_ms, 0.0)
 
@@ -281,8 +305,8 @@ class DraftLengthPolicy:
             "step_ms": round(self.step_ms, 4),
             "step_ms_at_startup": round(cost.step_ms, 4),
             "by_batch_size": {
-                str(size): {"base_ms": round(base, 3), "step_ms": round(step, 3)}
-                for size, (base, step) in sorted(self.by_rows.items())
+                str(size): {name: round(value, 3) for name, value in cost._asdict().items()}
+                for size, cost in sorted(self.by_rows.items())
             },
             "load_step_factor": "1 + (queue_depth + running) / max_batch_size",
             "zero_drafts_at_queue_depth": self.max_queue_depth,

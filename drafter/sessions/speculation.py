@@ -190,7 +190,11 @@ class Speculation:
         if self.policy.pays_together(rows, load):
             self.batch_probe = self.batch_probe.drafted()
             return
-        probing = self.batch_probe.due
+        # A probe asks whether acceptance has risen enough to pay; where even drafts all kept would not pay
+        # (our batch too slow next to the target's pass, as on a CPU), it could only cost: none is made.
+        k = self.max_draft_tokens
+        sure = [RowDraft(1.0 + k, k, k)] * len(autos)
+        probing = self.batch_probe.due and self.policy.pays_together(sure, load)
         self.batch_probe = self.batch_probe.probed() if probing else self.batch_probe.waited()
         for call in autos:
             if probing and call.probe_plan is not None:

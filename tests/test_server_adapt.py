@@ -139,7 +139,11 @@ def test_server_adapts_to_the_target_and_drafts_as_the_saved_version(adapting):
     ]
     assert adaptation(client)["version"] == version
     assert drafts == [hf_greedy(adapted, c, K) for c in contexts]
-    assert drafts != [hf_greedy(drafter, c, K) for c in contexts]  # not version 0's drafts
+    # Not version 0's drafts: over every context of the first conversation (on a few, a version that
+    # learned a little can still draft what version 0 did).
+    every = [context for context, _ in first]
+    now = [client.post("/draft", json={"tokens": c, "num_draft_tokens": K}).json()["tokens"] for c in every]
+    assert now != [hf_greedy(drafter, c, K) for c in every]
 
     # A conversation in v2 form trains on, and a later version may be swapped in during it: each answer is
     # the greedy draft of the version live when it was drafted, versions in order, none drafted before.

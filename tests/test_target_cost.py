@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from drafter.draft_params import DraftParams
 from drafter.server.metrics import Metrics
@@ -16,6 +17,7 @@ from drafter.sessions.draft_length import DraftCost, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import MODEL
 from drafter.sessions.speculation import Speculation
 from drafter.sessions.table import SessionTable
+from drafter.sessions.target_cost import TargetCost
 
 K = 4
 IDLE = Load(queue_depth=0, running=0)
@@ -88,8 +90,24 @@ def test_rows_of_one_batch_learn_their_share_of_the_pass_not_a_pass_of_their_own
         sent = planned
     target = spec.policy.target
     assert target.num_rounds == rows * 7
-    assert STEP_S * 1e3 / rows <= target.step_ms() < (STEP_S * 1e3 + 30) / rows
+    assert STEP_S * 1e3 / rows <= target.step_ms(rows) < (STEP_S * 1e3 + 30) / rows
     assert TOKEN_S * 1e3 * 0.9 <= target.token_ms < TOKEN_S * 1e3 + 30 / 4
+
+
+def test_passes_of_different_row_counts_are_learned_apart():
+    """A batching target's rows finish and its passes shrink: a row's share of a plain step is ~4x less at 4
+    rows than at 1 on a CPU (the real pair under vLLM: 466 and 114 ms). Learned apart, each count keeps
+    its own; in one window the mix said 224 ms and 0 ms a draft at 4 rows, and drafting looked cheap."""
+    cost = TargetCost(told_step_ms=455.0, told_token_ms=25.0, max_drafts=K)
+    for _ in range(4):
+        cost.observe(0, 466.0, rows=1)
+        cost.observe(4, 466.0 + 4 * 25.0, rows=1)
+        cost.observe(0, 455.0, rows=4)
+        cost.observe(16, 455.0 + 16 * 25.0, rows=4)
+    assert float(cost.round_ms(0, 1)) == pytest.approx(466.0)
+    assert float(cost.round_ms(0, 4)) == pytest.approx(455.0 / 4)
+    assert float(cost.round_ms(4, 4)) == pytest.approx(455.0 / 4 + 4 * 25.0)
+    assert cost.describe()["by_rows"]["4"] == {"step_ms": 113.75, "token_ms": 25.0}
 
 
 def test_a_rollback_and_a_call_beside_another_of_its_session_are_no_rounds():

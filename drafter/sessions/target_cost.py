@@ -37,28 +37,47 @@ from statistics import median
 import numpy as np
 
 TARGET_COSTS = ("learn", "told")  # --target-cost
-WINDOW = 32  # gaps kept per draft length: recent enough to follow a change of load, enough for a median
+WINDOW = (
+    32  # gaps kept per rows and draft length: recent enough to follow a change of load, enough for a median
+)
 MIN_GAPS = 3  # a length's median counts once it has this many gaps
+
+
+class PassGaps:
+    """The gaps of passes with one number of rows: per drafts a row, the last WINDOW gaps over the rows."""
+
+    def __init__(self, max_drafts: int):
+        self.gaps = [deque(maxlen=WINDOW) for _ in range(max_drafts + 1)]
+        self.medians: list[float | None] = [None] * (max_drafts + 1)  # once a length has MIN_GAPS gaps
+        self.step_ms: float | None = None  # a row's share of a plain step, once gaps showed it
+        self.token_ms: float | None = None  # what a verified draft adds, once gaps after drafts showed it
 
 
 class TargetCost:
     def __init__(self, told_step_ms: float, told_token_ms: float, max_drafts: int, learn: bool = True):
         self.told_step_ms, self.told_token_ms, self.learn = told_step_ms, told_token_ms, learn
-        self.learned_step_ms: float | None = None  # a row's share of a plain step, once gaps showed it
-        self.token_ms = told_token_ms
-        self.gaps = [deque(maxlen=WINDOW) for _ in range(max_drafts + 1)]  # by drafts verified
-        self.medians: list[float | None] = [None] * (max_drafts + 1)  # once a length has MIN_GAPS gaps
+        self.max_drafts = max_drafts
+        # By the rows of a pass: a row's share of a plain step is a pass's fixed cost over its rows, so on a
+        # CPU it is ~4x less at 4 rows than at 1 (466 and 114 ms on the real pair under vLLM); one window
+        # for all row counts learned a mix of both and 0 ms a draft.
+        self.by_rows: dict[int, PassGaps] = {}
+        self.token_ms = told_token_ms  # the latest learned at any row count: where a count has none yet
         self.num_rounds = 0
 
     def step_ms(self, rows: int = 1) -> float:
-        """A row's share of a plain step (no drafts) of a pass of `rows` rows: learned, else the told step
-        (a whole pass, the operator's figure at the load they serve) over the rows."""
-        return self.told_step_ms / rows if self.learned_step_ms is None else self.learned_step_ms
+        """A row's share of a plain step (no drafts) of a pass of `rows` rows: learned at that many rows,
+        else the told step (a whole pass, the operator's figure at the load they serve) over the rows."""
+        learned = self.by_rows.get(rows)
+        if learned is None or learned.step_ms is None:
+            return self.told_step_ms / rows
+        return learned.step_ms
 
     def round_ms(self, num_drafts, rows: int = 1):
         """A row's share of the target's ms for a pass of `rows` rows that verifies `num_drafts` drafts a row
         (an int or an array of them)."""
-        return self.step_ms(rows) + np.asarray(num_drafts) * self.token_ms
+        learned = self.by_rows.get(rows)
+        token_ms = self.token_ms if learned is None or learned.token_ms is None else learned.token_ms
+        return self.step_ms(rows) + np.asarray(num_drafts) * token_ms
 
     def observe(self, num_drafts: int, gap_ms: float, rows: int = 1) -> None:
         """A session's call arrived gap_ms after its answer went into a pass of the target with `rows` rows
@@ -66,27 +85,25 @@ class TargetCost:
         if not self.learn or rows < 1 or not gap_ms >= 0:
             return
         per_row = round(num_drafts / rows)
-        if not 0 <= per_row < len(self.gaps):
+        if not 0 <= per_row <= self.max_drafts:
             return
-        gaps = self.gaps[per_row]
+        learned = self.by_rows.setdefault(rows, PassGaps(self.max_drafts))
+        gaps = learned.gaps[per_row]
         gaps.append(gap_ms / rows)
         self.num_rounds += 1
         if len(gaps) < MIN_GAPS:
             return
-        medians = self.medians
+        medians = learned.medians
         medians[per_row] = median(gaps)
         step_ms = medians[0] if medians[0] is not None else self.told_step_ms / rows
         per_draft = [
-            ((m - step_ms) / k, len(self.gaps[k])) for k, m in enumerate(medians) if k and m is not None
+            ((m - step_ms) / k, len(learned.gaps[k])) for k, m in enumerate(medians) if k and m is not None
         ]
         if per_draft:
             weight = sum(n for _, n in per_draft)
-            token_ms = max(0.0, sum(ms * n for ms, n in per_draft) / weight)
-        else:
-            token_ms = self.told_token_ms
-        self.token_ms = token_ms
+            learned.token_ms = self.token_ms = max(0.0, sum(ms * n for ms, n in per_draft) / weight)
         if medians[0] is not None:
-            self.learned_step_ms = max(medians[0], 1e-3)
+            learned.step_ms = max(medians[0], 1e-3)
 
     def describe(self) -> dict:
         return {
@@ -97,8 +114,15 @@ class TargetCost:
                 else "nothing: told (--target-cost told)"
             ),
             "rounds_observed": self.num_rounds,
-            "step_ms": round(self.step_ms(), 3),  # a row's share; told: a pass of one row
+            "step_ms": round(self.step_ms(), 3),  # a pass of one row
             "token_ms": round(self.token_ms, 3),
+            "by_rows": {
+                str(rows): {
+                    "step_ms": round(self.step_ms(rows), 3),
+                    "token_ms": round(float(self.round_ms(1, rows) - self.step_ms(rows)), 3),
+                }
+                for rows in sorted(self.by_rows)
+            },
             "told_step_ms": self.told_step_ms,
             "told_token_ms": self.told_token_ms,
         }

@@ -207,6 +207,25 @@ def test_work_stops_for_a_request_between_steps_and_inside_one(pair, one_thread)
     assert cycle.work(lambda: cycle.counters.training_steps >= 4) is None  # and it goes on from there
 
 
+def test_a_round_is_work_to_do_from_before_its_first_step_until_its_decision(pair, one_thread):
+    # /info's "busy" and the server's next post both ask `has_work`: inside a round's first step, and after
+    # that step is cut short for a request, the round is still to do.
+    target, directory, _ = pair
+    cycle = cycle_for(Engine.load(str(directory), CONFIG), traffic(target), steps_per_candidate=2)
+    assert cycle.has_work()
+    inside = []
+    stop, asked = stopping_at(3)
+
+    def stop_and_look() -> bool:
+        inside.append(cycle.has_work())
+        return stop()
+
+    assert cycle.work(stop_and_look) is None and cycle.counters.training_steps == 0
+    assert inside == [True] * len(asked) and cycle.has_work()
+    run_until_decided(cycle)
+    assert not cycle.has_work()  # no target tokens came in since the round began
+
+
 def stopping_at(num_calls: int):
     """A stop() that turns true at its `num_calls`-th call, and the list of its calls."""
     asked = []

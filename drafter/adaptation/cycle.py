@@ -149,13 +149,14 @@ class Cycle:
                 examples = tuple(self.buffer.training)
                 if not examples:
                     return None
-                if not self.steps:
-                    self.tokens_at_round = self.buffer.counters.target_tokens
+                seen = self.buffer.counters.target_tokens
                 began = time.perf_counter()
                 loss = self.trainer.step(examples, stop)
                 self.counters.training_s += time.perf_counter() - began
                 if loss is None:  # cut short for a request: dropped, not counted
                     return None
+                if not self.steps:  # the round starts with its first step done: until then it is work to do
+                    self.tokens_at_round = seen
                 self.counters.last_loss = loss
                 self.counters.training_steps += 1
                 self.steps += 1

@@ -103,18 +103,33 @@ def oracle(directory, quantized: bool = False):
 
 @pytest.mark.filterwarnings("ignore:You passed `quantization_config`:UserWarning")
 @pytest.mark.parametrize(
-    ("name", "mode"), [("gqa2-untied", None), ("qwen2-gqa2-tied", None), ("gqa2-untied", "weight-only")]
+    ("name", "mode", "rank"),
+    [
+        ("gqa2-untied", None, 0),
+        ("qwen2-gqa2-tied", None, 0),
+        ("gqa2-untied", "weight-only", 0),
+        ("gqa2-untied", None, 8),
+    ],
 )
 def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
-    name, mode, pairs, tmp_path, one_thread
+    name, mode, rank, pairs, tmp_path, one_thread
 ):
     """Qwen3 and Qwen2 (biases), unquantized and FP8 weight-only (the candidate quantized by the export's
-    code, the saved version read back by compressed-tensors)."""
+    code, the saved version read back by compressed-tensors), every decoder weight trained or low-rank
+    adapters (`--adapt-rank`: their settings, the version their merged weights)."""
     target, directory, drafter = pairs(name, mode)
     engine = Engine.load(str(directory), CONFIG)
     quantization = engine.loaded.quantization
     buffer = traffic(target)
-    cycle = cycle_for(engine, buffer, steps_per_candidate=40, learning_rate=1e-3, step_tokens=64)
+    learning = CycleSettings.for_rank(rank) if rank else CycleSettings(learning_rate=1e-3)
+    cycle = cycle_for(
+        engine,
+        buffer,
+        steps_per_candidate=40,
+        step_tokens=64,
+        learning_rate=learning.learning_rate,
+        adapter_rank=learning.adapter_rank,
+    )
     assert cycle.has_work()
     assert run_until_decided(cycle) == "swapped"
     described = cycle.describe()

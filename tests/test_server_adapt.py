@@ -167,6 +167,8 @@ def test_server_adapts_to_the_target_and_drafts_as_the_saved_version(adapting):
     ("argv", "message"),
     [
         (["--adapt", "--adapt-buffer-tokens=100"], "--adapt-buffer-tokens must be in"),
+        (["--adapt", "--adapt-rank=-1"], "--adapt-rank must be in"),
+        (["--adapt", "--adapt-rank=100000"], "--adapt-rank must be in"),
         (["--adapt-dir=/tmp"], "needs --adapt"),
         (["--adapt", "--adapt-dir={file}"], "is not a directory"),
         (["--adapt", "--adapt-dir={used}"], "already holds versions"),

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 TRAIN, SCORE = "train", "score"
 CANDIDATE, JUDGMENT = "candidate", "judgment"  # what a scoring round decides: a swap, or a rollback
+ADAPTER_LEARNING_RATE = 1e-3  # LoRA's usual step is ~10x full fine-tuning's (the tiny pair trained at 3e-3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,14 @@ class CycleSettings:
     margin: float = 0.02  # a candidate's tokens per round must beat the live weights' by this fraction
     rollback_rounds: int = 64  # live rounds of a new version before it is judged (again, if undecided)
     rollback_margin: float = 0.05  # rolled back when its tokens per round fall this fraction short
+
+    @classmethod
+    def for_rank(cls, adapter_rank: int) -> CycleSettings:
+        """The settings for training every decoder weight (0) or adapters of this rank, which start at zero
+        and need a larger step (docs/adaptation.md)."""
+        if not adapter_rank:
+            return cls()
+        return cls(adapter_rank=adapter_rank, learning_rate=ADAPTER_LEARNING_RATE)
 
 
 @dataclass(slots=True)
@@ -297,6 +306,8 @@ class Cycle:
             "last_loss": None if c.last_loss is None else round(c.last_loss, 4),
             "last_candidate": c.last_candidate,
             "last_judgment": c.last_judgment,
+            "adapter_rank": self.settings.adapter_rank,
+            "learning_rate": self.settings.learning_rate,
             "round": {"phase": self.phase, "steps": self.steps, "busy": self.has_work()},
             "live_tokens_per_round": {str(v): round(t / r, 4) for v, (t, r) in self.live_rounds.items() if r},
             "buffer": self.buffer.describe(),

@@ -39,12 +39,12 @@ JOB_KEY = "\0adaptation"  # a background-work key no session name can take (name
 QUIET_S = 0.05
 
 
-def build_cycle(engine: Engine, buffer_tokens: int) -> Cycle:
+def build_cycle(engine: Engine, buffer_tokens: int, adapter_rank: int = 0) -> Cycle:
     """The cycle for what `engine` serves, from version 0 (its checkpoint as served); on the engine thread,
     since it builds the trainer's and the scorer's models."""
     loaded, dtype = engine.loaded, DTYPES[engine.config.dtype]
     return Cycle(
-        CycleSettings(),
+        CycleSettings.for_rank(adapter_rank),
         TrafficBuffer(buffer_tokens),
         source_hf_config(loaded),
         source_tensors(loaded, dtype),

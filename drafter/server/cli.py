@@ -127,6 +127,11 @@ OPTIONS: dict[str, tuple] = {
         "with --adapt: token ids the buffer of what targets emitted holds, context included; the oldest "
         "go first [65536]",
     ),
+    "adapt-rank": (
+        int,
+        "with --adapt: train low-rank adapters of this rank instead of every decoder weight: far less "
+        "optimizer memory, for drafters whose full training state does not fit [0: every weight]",
+    ),
     "adapt-dir": (
         str,
         "with --adapt: save each weights version as DIR/v{N}/, a checkpoint --model serves; an empty or "

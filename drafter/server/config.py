@@ -35,6 +35,7 @@ DEFAULT_DRAFT_AHEAD = 8
 DEFAULT_ADAPT_BUFFER_TOKENS = 65536
 MIN_ADAPT_BUFFER_TOKENS = 4096
 MAX_ADAPT_BUFFER_TOKENS = 2**24
+MAX_ADAPT_RANK = 256  # low-rank adapters wider than this save little over training every weight
 VERSION_DIR = re.compile(r"v\d+")
 
 
@@ -87,6 +88,7 @@ class ServerConfig:
     # Online adaptation (docs/adaptation.md): fine-tune the drafter on what targets emitted, while idle.
     adapt: bool = False
     adapt_buffer_tokens: int = DEFAULT_ADAPT_BUFFER_TOKENS  # ids the traffic buffer holds, context included
+    adapt_rank: int = 0  # 0: every decoder weight trains; else low-rank adapters of this rank
     adapt_dir: str | None = None  # where each version is saved as v{N}/; None: nothing written to disk
 
     def __post_init__(self):
@@ -163,6 +165,8 @@ class ServerConfig:
                 f"adapt_buffer_tokens must be in [{MIN_ADAPT_BUFFER_TOKENS}, {MAX_ADAPT_BUFFER_TOKENS}], "
                 f"got {self.adapt_buffer_tokens}"
             )
+        if not 0 <= self.adapt_rank <= MAX_ADAPT_RANK:
+            raise ServerConfigError(f"adapt_rank must be in [0, {MAX_ADAPT_RANK}], got {self.adapt_rank}")
         if self.adapt_dir is None:
             return
         if not self.adapt:

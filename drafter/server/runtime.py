@@ -102,7 +102,9 @@ class Runtime:
             costs = await self.engine_thread.run(startup_costs.measure, engine, inline_ms)
             cycle = None
             if config.adapt:  # the trainer's and scorer's models: before readiness, like the engine
-                cycle = await self.engine_thread.run(build_cycle, engine, config.adapt_buffer_tokens)
+                cycle = await self.engine_thread.run(
+                    build_cycle, engine, config.adapt_buffer_tokens, config.adapt_rank
+                )
         except Exception as error:  # noqa: BLE001 - anything here means nothing can be served
             if self.lifecycle.state is not State.FAILED:
                 self.lifecycle.fail(f"{type(error).__name__}: {error}")

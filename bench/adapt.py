@@ -3,10 +3,13 @@ trained for, decoded greedily by a transformers target with drafts from two serv
 `--adapt` off and on, prompt by prompt in the same order, and tokens per round, the target's tokens/s and
 the calls' latency compared over the stream, window by window.
 
-    python -m bench.adapt [--testbed [DIR]] [--quick] [--out DIR]
+    python -m bench.adapt [--testbed [DIR] | --realpair [DIR]] [--quick] [--out DIR]
 
 On the testbed pair (its FP8 weight-only drafter, trained on the Python standard library) the stream is
-this project's Markdown documentation (bench/adapt_stream.py). Per prompt, in this order: the target alone
+this project's Markdown documentation (bench/adapt_stream.py). On the real pair (`--realpair`, as `python -m
+bench.realpair fetch` leaves it) the stream is this project's own Python, function bodies to write, with
+defaults sized for its 1.5B target on 2 cores (REALPAIR below): the trainer trains rank-8 adapters
+(`--adapt-rank`), in 20 s of think time a prompt, since its steps take seconds. Per prompt, in this order: the target alone
 (the reference every output must equal, and the baseline tokens/s), then with drafts from the fixed
 drafter, then from the adapting one, each a new v2 session (the calls that feed the adaptation buffer),
 then `--think-s` of nothing: a target between two conversations. The trainer runs only on an idle server
@@ -39,7 +42,7 @@ import torch
 from tqdm import tqdm
 
 from bench.adapt_report import print_summary, summarize, write_outputs
-from bench.adapt_stream import stream_prompts
+from bench.adapt_stream import code_stream_prompts, stream_prompts
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
     PAIR_DRAFTERS,
@@ -55,13 +58,22 @@ from bench.harness.machine import describe
 from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
 from bench.harness.refusals import ServerRefused
 from bench.harness.server import REPO, ServerProcess
+from bench.realpair.benchmark import DEFAULT_DIR as REALPAIR_DIR
+from bench.realpair.benchmark import check_fetched
 from bench.testbed import PAIR
 from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
 from drafter.sessions.draft_source import MODEL
 
+TESTBED_RUN = {"num_draft_tokens": 8, "think_s": 1.0, "target_threads": 1, "adapt_rank": 0}
 FULL = {"prompts": 120, "max_new_tokens": 128, "window": 8}  # ~15k target tokens, 7-11 min on 2 busy cores
 QUICK = {"prompts": 40, "max_new_tokens": 96, "window": 5}  # ~4k, ~2 min
+# The real pair: its target decodes ~2.4 tokens/s (fp32, 2 threads), a drafter step ~0.2 s, a rank-8 adapter
+# step ~3 s (docs/adaptation.md). One thread for the target would halve its speed; the servers are idle or
+# paused while it decodes.
+REALPAIR_RUN = {"num_draft_tokens": 4, "think_s": 20.0, "target_threads": 2, "adapt_rank": 8}
+REALPAIR_FULL = {"prompts": 32, "max_new_tokens": 64, "window": 4}  # ~2k target tokens, ~1 h
+REALPAIR_QUICK = {"prompts": 8, "max_new_tokens": 48, "window": 4}  # ~15 min
 # The adapting server's /info counters read before and after each think time. Its totals at the end also
 # count the pauses that fell inside a step (a step's time is wall time), so a step's cost is read from these.
 TRAINER_COUNTERS = (
@@ -72,7 +84,7 @@ TRAINER_COUNTERS = (
     "rollbacks",
     "swap_seconds",
 )
-GPU = GPU_MODELS["qwen3-8b"]  # the projection bench/acceptance.py's testbed rows use
+GPU = {"testbed": GPU_MODELS["qwen3-8b"], "realpair": GPU_MODELS["qwen2.5-coder-1.5b"]}  # as bench.acceptance
 
 
 def num_draft_tokens(text: str) -> int | str:
@@ -91,32 +103,44 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--testbed", nargs="?", const=PAIR, default=PAIR, type=Path, metavar="DIR",
-                        help="the testbed pair's directory [the committed pair]")  # fmt: skip
+    pairs = parser.add_mutually_exclusive_group()
+    pairs.add_argument("--testbed", nargs="?", const=PAIR, type=Path, metavar="DIR",
+                       help="the testbed pair's directory [the committed pair; the default pair]")  # fmt: skip
+    pairs.add_argument("--realpair", nargs="?", const=REALPAIR_DIR, type=Path, metavar="DIR",
+                       help=f"the real pair's directory [{shown(REALPAIR_DIR)}]")  # fmt: skip
     parser.add_argument("--drafter", choices=PAIR_DRAFTERS, default="weight-only", help="[weight-only]")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK['prompts']} shorter prompts")
     parser.add_argument("--prompts", type=int, help=f"prompts in the stream [{FULL['prompts']}]")
     parser.add_argument("--max-new-tokens", type=int, help=f"per prompt [{FULL['max_new_tokens']}]")
     parser.add_argument("--window", type=int, help=f"prompts per window [{FULL['window']}]")
-    parser.add_argument("--num-draft-tokens", type=num_draft_tokens, default=8, help="k, or auto [8]")
-    parser.add_argument("--think-s", type=float, default=1.0, help="idle time after each prompt [1.0]")
-    parser.add_argument("--target-threads", type=int, default=1, help="the target's torch threads [1]")
+    parser.add_argument("--num-draft-tokens", type=num_draft_tokens, help="k, or auto [8; real pair 4]")
+    parser.add_argument("--think-s", type=float, help="idle time after each prompt [1.0; real pair 20]")
+    parser.add_argument("--target-threads", type=int, help="the target's torch threads [1; real pair 2]")
+    parser.add_argument("--adapt-rank", type=int, help="the adapting server's --adapt-rank [0; real pair 8]")
     parser.add_argument("--out", type=Path, help="write report.json, report.md and adapt.png here")
     args = parser.parse_args(argv)
-    for name, value in (QUICK if args.quick else FULL).items():
+    args.pair = "realpair" if args.realpair else "testbed"
+    args.directory = args.realpair or args.testbed or PAIR
+    if args.realpair:
+        defaults = {**REALPAIR_RUN, **(REALPAIR_QUICK if args.quick else REALPAIR_FULL)}
+    else:
+        defaults = {**TESTBED_RUN, **(QUICK if args.quick else FULL)}
+    for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if min(args.prompts, args.max_new_tokens, args.window) < 1 or args.think_s < 0:
-        parser.error("--prompts, --max-new-tokens and --window must be positive, --think-s not negative")
+    if min(args.prompts, args.max_new_tokens, args.window, args.target_threads) < 1 or args.think_s < 0:
+        parser.error(
+            "--prompts, --max-new-tokens, --window and --target-threads must be positive, --think-s not negative"
+        )
     return args
 
 
 @contextlib.contextmanager
-def servers(flags: list[str]):
+def servers(flags: list[str], adapt_rank: int):
     """The fixed drafter's server and the adapting one, the same flags but `--adapt`."""
     with (
         ServerProcess(flags, timeout_s=300) as off,
-        ServerProcess([*flags, "--adapt"], timeout_s=300) as on,
+        ServerProcess([*flags, "--adapt", "--adapt-rank", str(adapt_rank)], timeout_s=300) as on,
         DraftClient(off.url, timeout_s=DRAFT_TIMEOUT_S) as off_client,
         DraftClient(on.url, timeout_s=DRAFT_TIMEOUT_S) as on_client,
     ):
@@ -172,14 +196,18 @@ def stream(args, model, prompts, off_client, on, on_client) -> list[dict]:
 
 
 def run(args) -> dict:
-    prompts, source = stream_prompts(args.prompts, args.max_new_tokens)
+    if args.pair == "realpair":
+        check_fetched(args.directory, PAIR_DRAFTERS[args.drafter])
+        prompts, source = code_stream_prompts(args.prompts, args.directory / "target" / "tokenizer.json")
+    else:
+        prompts, source = stream_prompts(args.prompts, args.max_new_tokens)
     # One thread by default: the servers need cores too, and two spinning OpenMP threads on a busy 2-core
     # machine make every small matmul several times slower (tests/conftest.py's one_thread).
     torch.set_num_threads(args.target_threads)
-    model = load_target(args.testbed / "target", "cpu", "float32")
+    model = load_target(args.directory / "target", "cpu", "float32")
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     cost_flags, verify_ms, token_ms = target_cost_flags(model, warmup, args)
-    drafter_dir = args.testbed / PAIR_DRAFTERS[args.drafter]
+    drafter_dir = args.directory / PAIR_DRAFTERS[args.drafter]
     # A benchmark waits for every draft: a call queued past the server's default 1 s (a busy machine, both
     # servers alike) is dropped with a 504, and a skipped draft stops the stream (the first full run on a
     # busy machine stopped on 2 skipped calls, its logs gone with its servers: most likely this).
@@ -194,7 +222,7 @@ def run(args) -> dict:
     ]
     print(f"drafter servers on {drafter_dir}, --adapt off and on", file=sys.stderr)
     started = time.monotonic()
-    with servers(flags) as (off_client, on, on_client):
+    with servers(flags, args.adapt_rank) as (off_client, on, on_client):
         info = server_info(on_client)
         if "version" not in info["adaptation"]:  # {"enabled": false}
             raise BenchError(f"the server at {on_client.url} was started with --adapt but does not adapt")
@@ -207,10 +235,11 @@ def run(args) -> dict:
         adaptation = on_client.info()["adaptation"]
     return {
         "prompts": rows,
-        "summary": summarize(rows, args.window, GPU, args.think_s),
+        "summary": summarize(rows, args.window, GPU[args.pair], args.think_s),
         "adaptation": adaptation,
         "config": {
-            "pair": shown(args.testbed),
+            "pair": shown(args.directory),
+            "adapt_rank": args.adapt_rank,
             "drafter": {
                 **{key: info.get(key) for key in ("quantization", "device", "dtype")},
                 "model": shown(drafter_dir),
@@ -230,7 +259,7 @@ def run(args) -> dict:
                 "step_ms": verify_ms,
                 "per_token_ms": token_ms,
             },  # fmt: skip
-            "gpu_model": GPU.as_dict(),
+            "gpu_model": GPU[args.pair].as_dict(),
             "wall_s": time.monotonic() - started,
             "versions": {name: metadata.version(name) for name in ("torch", "transformers")},
         },

@@ -56,3 +56,21 @@ def test_adapt_latency_times_both_servers_at_each_client_count_and_counts_the_tr
     assert (tmp_path / "report.md").read_text().count("\n| 2 |") == 1
     with pytest.raises(SystemExit):  # argparse's usage error, exit 2
         latency_main(["--clients", "0"])
+
+
+def test_the_real_pair_missing_is_one_line_naming_the_fetch_and_its_stream_is_this_projects_code(
+    tmp_path, capsys
+):
+    assert main(["--realpair", str(tmp_path / "nowhere")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "python -m bench.realpair fetch" in error
+    with pytest.raises(SystemExit):  # one pair at a time
+        main(["--realpair", "--testbed"])
+
+    from bench.adapt_stream import code_stream_prompts
+    from bench.testbed import PAIR
+
+    # Any tokenizer cuts the same function heads; the testbed's is at hand where the real pair is not.
+    prompts, source = code_stream_prompts(4, PAIR / "target" / "tokenizer.json")
+    assert len(prompts) == 4 and all(prompt["name"].startswith("code/") for prompt in prompts)
+    assert source["prompts_available"] >= 32 and all(name.endswith(".py") for name in source["files"])

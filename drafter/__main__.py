@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 def check_model_source(source: str) -> None:
     """Fail fast on a model directory that cannot be served, before the server starts."""
     from engine.model.config import ConfigError, ModelConfig
-    from engine.model.loader import LoadError, checkpoint_files, read_hf_config
+    from engine.model.errors import LoadError
+    from engine.model.loader import checkpoint_files, read_hf_config
     from engine.model.presets import PRESETS, is_preset
 
     if is_preset(source):

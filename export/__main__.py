@@ -37,15 +37,14 @@ def run_export(
     from engine.model.loader import RANDOM_WEIGHTS_KEY
     from engine.model.presets import is_preset
     from export.checkpoint import (
-        ExportError,
         check_source,
         resolve_source,
         size_of,
-        staged_directory,
         write_checkpoint,
     )
     from export.quantize import MODES, WEIGHT_SCALES, quantize_layers
     from export.report import build_report, compare_logits, log_summary, make_prompts, prompt_logits
+    from export.staging import ExportError, staged_directory
 
     if mode not in MODES:
         raise ExportError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -104,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from export.checkpoint import ExportError
+    from export.staging import ExportError
 
     try:
         run_export(args.source, args.destination, args.mode, args.force, args.scales)

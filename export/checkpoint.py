@@ -10,13 +10,9 @@ to the destination and renamed into place at the end, so a failure never leaves 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -26,6 +22,7 @@ from tqdm import tqdm
 from engine.model.config import ConfigError, ModelConfig
 from engine.model.presets import PRESETS, is_preset, write_preset
 from export.quantize import LINEAR_NAMES, fp8_parts
+from export.staging import ExportError
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -38,10 +35,6 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-class ExportError(Exception):
-    """A problem with the export's inputs; the message says what, and the CLI prints it without a traceback."""
 
 
 def resolve_source(source: str, scratch: Path) -> Path:
@@ -173,38 +166,6 @@ def write_checkpoint(
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copyfile(source / name, directory / name)
-
-
-@contextlib.contextmanager
-def staged_directory(destination: Path, force: bool) -> Iterator[Path]:
-    """A temporary directory next to `destination`, renamed onto it when the block succeeds and deleted
-    when it fails; an existing destination is refused unless `force`, and replaced only at the end."""
-    if destination.exists() and not force:
-        raise ExportError(f"destination {str(destination)!r} already exists; pass --force to replace it")
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent))
-    try:
-        yield staging
-        publish_permissions(staging)
-        if destination.exists():
-            old = destination.with_name(f".{destination.name}.old-{staging.name}")
-            destination.rename(old)
-            staging.rename(destination)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            staging.rename(destination)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
-
-
-def publish_permissions(directory: Path) -> None:
-    """mkdtemp makes a private directory; give it and its files the modes the umask would have."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for file in directory.iterdir():
-        file.chmod(0o666 & ~umask)
 
 
 def size_of(directory: Path) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from export.checkpoint import ExportError, staged_directory
+from export.staging import ExportError, staged_directory
 
 log = logging.getLogger("export")
 

@@ -77,7 +77,7 @@ def version_config(
 def write_version(directory: str | Path, tensors: dict[str, torch.Tensor], config: dict) -> Path:
     """Write a version's checkpoint (config.json, model.safetensors) into `directory`, replacing one there:
     staged beside it and renamed into place, so a reader never sees half of one."""
-    from export.checkpoint import staged_directory
+    from export.staging import staged_directory
 
     directory = Path(directory)
     with staged_directory(directory, force=True) as staging:

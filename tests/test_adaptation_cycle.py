@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from drafter.adaptation.buffer import TrafficBuffer
-from drafter.adaptation.cycle import Cycle, CycleSettings
+from drafter.adaptation.cycle import Cycle
+from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.weights import source_hf_config, source_tensors
 from engine.config import EngineConfig
 from engine.engine import Engine

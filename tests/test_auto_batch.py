@@ -13,14 +13,8 @@ import pytest
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.server.metrics import Metrics
-from drafter.sessions.draft_length import (
-    PROBE_EVERY,
-    Acceptance,
-    DraftCost,
-    DraftLengthPolicy,
-    Load,
-    RowDraft,
-)
+from drafter.sessions.batch_rows import RowDraft, pays_together
+from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftCost, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import MODEL
 from drafter.sessions.speculation import Speculation
 from drafter.sessions.table import SessionTable
@@ -174,9 +168,9 @@ def test_a_row_whose_drafts_pay_only_with_the_others_drafting_does_not_pay_alone
     k = policy.plan(sure, IDLE, 1000, rows=4)[1]
     assert k >= 1
     drafting, plain = RowDraft(policy.expected_tokens(sure, (), 0, k), k, k), RowDraft(1.0, 0, 0)
-    assert policy.pays_together([drafting] * 4, IDLE)
-    assert not policy.pays_together([drafting] + [plain] * 3, IDLE)
-    assert not policy.pays_together([plain] * 4, IDLE)
+    assert pays_together(policy, [drafting] * 4, IDLE)
+    assert not pays_together(policy, [drafting] + [plain] * 3, IDLE)
+    assert not pays_together(policy, [plain] * 4, IDLE)
 
 
 def test_rows_weigh_our_batch_at_its_size_as_batches_of_that_size_ran():

@@ -10,9 +10,10 @@ import json
 
 import pytest
 
-import bench.ahead
-from bench.ahead import cold_calls, main, settled_floors
+import bench.ahead_floor
+from bench.ahead import cold_calls, main
 from bench.ahead_args import parse_args
+from bench.ahead_floor import settled_floors
 from bench.harness.gpu_floors import GPU_MODELS
 from bench.realpair.benchmark import DEFAULT_DIR
 from bench.realpair.workloads import KINDS
@@ -57,7 +58,7 @@ def test_bad_command_lines_exit_2(capsys, argv, says):
 
 
 def test_auto_floor_is_the_gpu_ratio_times_the_calibrated_ahead_step(monkeypatch):
-    monkeypatch.setattr(bench.ahead, "ahead_step_ms", lambda *_: 250.0)
+    monkeypatch.setattr(bench.ahead_floor, "ahead_step_ms", lambda *_: 250.0)
     args = parse_args(["--realpair"], "")
     given, auto = settled_floors(args, None, [], [])
     gpu = GPU_MODELS["qwen2.5-coder-1.5b"]

@@ -9,7 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model.loader import LoadError
+from engine.model.errors import LoadError
 from export.versions import served_tensors, version_config, write_version
 from tests.export_helpers import read_file
 from tests.oracle import hf_greedy

@@ -12,8 +12,9 @@ import torch
 
 from engine.engine import Engine
 from engine.model.config import ModelConfig
+from engine.model.errors import LoadError
 from engine.model.fp8 import FP8_DTYPE, LINEAR_NAMES, quantization_from_config
-from engine.model.loader import RANDOM_WEIGHTS_KEY, LoadError, load_model
+from engine.model.loader import RANDOM_WEIGHTS_KEY, load_model
 from engine.model.presets import PRESETS
 from tests.conftest import QWEN2_EXPORT
 from tests.export_helpers import ENGINE, MODES, WEIGHT_SCALES, export_fixture, read_file

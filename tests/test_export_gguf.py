@@ -19,8 +19,8 @@ from engine.model.config import ConfigError, ModelConfig
 from engine.model.fp8 import FP8_DTYPE, LINEAR_NAMES
 from export import gguf as export_gguf
 from export.__main__ import main
-from export.checkpoint import ExportError
 from export.gguf import convert_gguf
+from export.staging import ExportError
 from tests.export_helpers import ENGINE
 from tests.gguf_files import CHAT_TEMPLATE, SHAPE, write_gguf
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.model.errors import LoadError
 from engine.model.fp8 import (
     FP8_DTYPE,
     FP8DynamicLinear,
@@ -19,7 +20,6 @@ from engine.model.fp8 import (
     servable_quantization,
     swap_fp8_linears,
 )
-from engine.model.loader import LoadError
 from engine.model.presets import PRESETS
 from engine.model.qwen3 import Qwen3
 from export.checkpoint import quantization_config

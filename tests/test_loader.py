@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.model.loader import LoadError, load_model
+from engine.model.errors import LoadError
+from engine.model.loader import load_model
 from engine.model.presets import PRESETS, write_preset
 from engine.requests import DraftError
 

@@ -70,7 +70,7 @@ def convert_with_gguf(gguf_path: Path, out_dir: Path) -> None:
         raise FetchError(f"this checkout has no GGUF converter, export.gguf.convert_gguf ({error})") from None
     import torch
 
-    from export.checkpoint import ExportError
+    from export.staging import ExportError
 
     try:
         convert_gguf(gguf_path, out_dir, dtype=torch.bfloat16)

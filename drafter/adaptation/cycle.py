@@ -29,6 +29,7 @@ import torch
 from drafter.adaptation.buffer import Example, TrafficBuffer
 from drafter.adaptation.preempt import Preempted, preemptible
 from drafter.adaptation.score import Score, agreement, replay
+from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.trainer import Trainer, hf_model
 from export.versions import dense_state, served_tensors
 
@@ -36,28 +37,6 @@ log = logging.getLogger(__name__)
 
 TRAIN, SCORE = "train", "score"
 CANDIDATE, JUDGMENT = "candidate", "judgment"  # what a scoring round decides: a swap, or a rollback
-ADAPTER_LEARNING_RATE = 1e-3  # LoRA's usual step is ~10x full fine-tuning's (the tiny pair trained at 3e-3)
-
-
-@dataclass(frozen=True, slots=True)
-class CycleSettings:
-    steps_per_candidate: int = 16  # optimizer steps between two candidates
-    step_tokens: int = 128  # ids in one step's window: bounds how long a request may wait for a step
-    learning_rate: float = 1e-4
-    adapter_rank: int = 0  # 0: every decoder weight trains; else low-rank adapters (docs/adaptation.md)
-    min_train_tokens: int = 64  # new target tokens buffered since the last round before a round starts
-    min_rounds: int = 16  # held-out rounds a candidate must be scored on
-    margin: float = 0.02  # a candidate's tokens per round must beat the live weights' by this fraction
-    rollback_rounds: int = 64  # live rounds of a new version before it is judged (again, if undecided)
-    rollback_margin: float = 0.05  # rolled back when its tokens per round fall this fraction short
-
-    @classmethod
-    def for_rank(cls, adapter_rank: int) -> CycleSettings:
-        """The settings for training every decoder weight (0) or adapters of this rank, which start at zero
-        and need a larger step (docs/adaptation.md)."""
-        if not adapter_rank:
-            return cls()
-        return cls(adapter_rank=adapter_rank, learning_rate=ADAPTER_LEARNING_RATE)
 
 
 @dataclass(slots=True)

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from drafter.adaptation.buffer import TrafficBuffer
-from drafter.adaptation.cycle import Cycle, CycleSettings
+from drafter.adaptation.cycle import Cycle
+from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.weights import source_hf_config, source_tensors
 from drafter.scheduling.batcher import Batcher
 from drafter.sessions.draft_source import MODEL

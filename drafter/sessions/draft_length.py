@@ -27,14 +27,10 @@ request waits through, so a draft token's marginal cost is its step time times (
 The steeper cost moves the optimum to shorter drafts; past `max_queue_depth` waiting requests the policy
 answers 0 drafts at once, which is never slower for the target than waiting in the queue.
 
-Why rows share: a target that batches its requests (vLLM) verifies all their drafts in one pass and waits
-for all of our drafts before it, so one row's drafts cost every row. Its n rows yield n tokens a plain step;
-a row's drafts pay only if its tokens per ms beat that, against its share of the pass (`round_ms(k, rows)`,
-drafter.sessions.target_cost) and of our batch (draft_ms / n). Weighed as if alone, each row compared its
-drafts with a whole plain step and a batch of 4-8 rows drafted at 0.5-0.65x the speed of no speculation.
-Our batch's cost is what batches of that size cost lately (`by_rows`: on a CPU a step of 4 rows costs more
-than one row's), and the rows keep their drafts only if together they pay (`pays_together`): a row drafting
-alone still makes the pass wait for a whole batch of ours. Rows answered none probe together (`BatchProbe`).
+Why rows share: a target that batches its requests verifies all their drafts in one pass, so each row of a
+/draft/batch request plans against its share of the pass and of our batch (`rows`; what a batch of that
+size costs lately: drafter.sessions.batch_cost); the rows then draft, or not, together
+(drafter.sessions.batch_rows).
 
 Why 0 drafts, and probes: where drafting costs more than the accepted tokens save (low acceptance, or a
 draft step that is not cheap next to a verify pass, as on a CPU), the policy answers 0 drafts and the
@@ -51,16 +47,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 
+from drafter.sessions.batch_cost import BatchCosts
 from drafter.sessions.target_cost import TargetCost
 
 PRIOR_ACCEPTANCE = 0.7  # a fresh server's guess, before any feedback arrives
 PRIOR_WEIGHT = 2.0  # worth two rounds of evidence: the first real rounds outweigh it at once
 STEP_WEIGHT = 0.05  # of each batch's decode ms per step in the running step cost
-BATCH_WEIGHT = 0.3  # of each batch's costs in its batch size's: a batching target's rows change size often
 DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
 PROBE_EVERY = 8  # calls answered 0 drafts (by acceptance) before a session's next call drafts to learn
 MAX_PROBE_EVERY = 64  # the wait doubles after each probe that did not bring drafting back, up to this
@@ -87,47 +82,6 @@ class Acceptance:
         probed = self.rounds_without_drafts >= self.probe_every
         wait = min(2 * self.probe_every, MAX_PROBE_EVERY) if probed else PROBE_EVERY
         return Acceptance(DECAY * self.accepted + num_accepted, DECAY * self.rejected + rejected, 0, wait)
-
-
-class BatchCost(NamedTuple):
-    """What the engine's batches of one size cost lately."""
-
-    base_ms: float  # beyond the prefill and the decode loop: cache lookup, readback, bookkeeping
-    step_ms: float  # one decode step
-    prefill_token_ms: float  # a prefilled token: a row brings its kept drafts and the target's token, or,
-    # after calls without drafts, everything since its last draft (a probe's cost on a CPU: seconds)
-
-
-@dataclass(frozen=True, slots=True)
-class RowDraft:
-    """One row's planned draft, as `pay_together` weighs it."""
-
-    expected: float  # 1 + E[accepted]: the target's tokens from this row's round
-    verified: int  # the drafts the target verifies (a suffix lead and model drafts)
-    model: int  # of them, model drafts: the steps our batch runs
-
-
-@dataclass(frozen=True, slots=True)
-class BatchProbe:
-    """Passes of a batching target answered no drafts, and how many before all its rows draft at once (a
-    probe of the whole batch: one draft batch of ours, where each row's own probe, due at its own time,
-    made nearly every pass wait for one)."""
-
-    passes: int = 0
-    wait: int = PROBE_EVERY
-
-    @property
-    def due(self) -> bool:
-        return self.passes >= self.wait
-
-    def drafted(self) -> BatchProbe:
-        return BatchProbe()
-
-    def waited(self) -> BatchProbe:
-        return replace(self, passes=self.passes + 1)
-
-    def probed(self) -> BatchProbe:  # the next probe waits twice as long, unless drafting comes back
-        return BatchProbe(0, min(2 * self.wait, MAX_PROBE_EVERY))
 
 
 class DraftLengthConfigError(ValueError):
@@ -173,9 +127,7 @@ class DraftLengthPolicy:
         self.cost, self.max_draft_tokens = cost, max_draft_tokens
         self.max_batch_size, self.max_queue_depth = max_batch_size, max_queue_depth
         self.step_ms = cost.step_ms  # refined by every batch: a startup measure on a busy host is noisy
-        # Batch size -> what the engine's batches of that size cost: what the rows of one /draft/batch
-        # request wait for, drafting together (on a CPU a step of 4 rows costs more than one row's).
-        self.by_rows: dict[int, BatchCost] = {}
+        self.batches = BatchCosts()  # what the rows of one /draft/batch request wait for, drafting together
         # The target's round, told by the flags until the gaps between a session's calls say otherwise.
         self.target = TargetCost(
             cost.target_verify_ms, cost.target_token_ms, max_draft_tokens, learn_target_cost
@@ -197,17 +149,8 @@ class DraftLengthPolicy:
             return
         step_ms = decode_ms / num_steps
         self.step_ms += STEP_WEIGHT * (step_ms - self.step_ms)
-        if engine_ms is None:
-            return
-        seen = BatchCost(
-            max(engine_ms - decode_ms - prefill_ms, 0.0),
-            step_ms,
-            prefill_ms / prefilled if prefilled else 0.0,
-        )
-        known = self.by_rows.get(rows)
-        if known is not None:  # a running estimate per batch size; the first batch of a size sets it
-            seen = BatchCost(*(a + BATCH_WEIGHT * (b - a) for a, b in zip(known, seen, strict=True)))
-        self.by_rows[rows] = seen
+        if engine_ms is not None:
+            self.batches.observe(rows, engine_ms, decode_ms, step_ms, prefill_ms, prefilled)
 
     def choose(self, acceptance: Acceptance, load: Load, room: int) -> int:
         """k in [0, min(max_draft_tokens, room)]: 0 under load, with no room left, or where no k >= 1 beats
@@ -260,13 +203,12 @@ class DraftLengthPolicy:
         costs what the largest smaller one did: drafting once at that size measures it."""
         k = np.asarray(num_drafts)
         base_ms, step_ms = self.cost.draft_base_ms, self.step_ms
-        if rows > 1:
-            known = [size for size in self.by_rows if size <= rows]
-            if known:
-                batch = self.by_rows[max(known)]
-                # Drafting every round, a row brings its drafts and the target's token to prefill.
-                base_ms = batch.base_ms + batch.prefill_token_ms * rows * (1 + k)
-                step_ms = batch.step_ms
+        batch = self.batches.at(rows) if rows > 1 else None
+        if (
+            batch is not None
+        ):  # drafting every round, a row brings its drafts and the target's token to prefill
+            base_ms = batch.base_ms + batch.prefill_token_ms * rows * (1 + k)
+            step_ms = batch.step_ms
         step_ms *= 1.0 + (load.queue_depth + load.running) / self.max_batch_size
         steps = np.concatenate(([0.0], self.steps))[np.minimum(k, self.max_draft_tokens)]
         return np.where(k > 0, base_ms + steps * step_ms, 0.0)
@@ -279,20 +221,6 @@ class DraftLengthPolicy:
         model = float(np.full(k, acceptance.p).cumprod().sum())
         return 1.0 + float(probs.sum()) + float(probs.prod()) * model
 
-    def pays_together(self, rows: Sequence[RowDraft], load: Load) -> bool:
-        """Whether the drafts planned for the rows of one pass of a batching target (a /draft/batch request)
-        make it faster than the same rows without drafts (False when none is planned). Each row planned
-        against its share of the pass and of our batch, the right share when every row drafts; when only
-        some do, the pass still waits for a whole batch of ours."""
-        if not any(row.verified for row in rows):
-            return False
-        n = len(rows)
-        longest, drafting = max(row.model for row in rows), sum(row.model > 0 for row in rows)
-        pass_ms = sum(float(self.target.round_ms(row.verified, n)) for row in rows)
-        draft_ms = float(self.draft_ms(longest, load, drafting))
-        drafted = sum(row.expected for row in rows) / (pass_ms + draft_ms)
-        return drafted > 1.0 / float(self.target.round_ms(0, n))
-
     def describe(self) -> dict:
         cost = self.cost
         return {
@@ -304,10 +232,7 @@ class DraftLengthPolicy:
             "draft_base_ms": round(cost.draft_base_ms, 4),
             "step_ms": round(self.step_ms, 4),
             "step_ms_at_startup": round(cost.step_ms, 4),
-            "by_batch_size": {
-                str(size): {name: round(value, 3) for name, value in cost._asdict().items()}
-                for size, cost in sorted(self.by_rows.items())
-            },
+            "by_batch_size": self.batches.describe(),
             "load_step_factor": "1 + (queue_depth + running) / max_batch_size",
             "zero_drafts_at_queue_depth": self.max_queue_depth,
             "acceptance_estimate": "decayed accepted / (accepted + rejections), per session",

@@ -19,14 +19,8 @@ import numpy as np
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.reporting import SpeculationMetrics
-from drafter.sessions.draft_length import (
-    PROBE_EVERY,
-    Acceptance,
-    BatchProbe,
-    DraftLengthPolicy,
-    Load,
-    RowDraft,
-)
+from drafter.sessions.batch_rows import BatchProbe, plan_together
+from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import (
     HYBRID,
     MODEL,
@@ -176,31 +170,11 @@ class Speculation:
         return call
 
     def together(self, calls: list[Call], load: Load) -> None:
-        """The rows of one /draft/batch request (prepared with `rows`): its `"auto"` rows keep the drafts each
-        planned against its share only if together those pay (DraftLengthPolicy.pays_together). Else they
-        answer none, and once as many such passes went by as a session waits before a probe, all of them
-        draft at once (drafter.sessions.draft_length.BatchProbe). Rows at a fixed k draft as asked."""
+        """The rows of one /draft/batch request (prepared with `rows`): its `"auto"` rows draft as planned,
+        none, or probe together (drafter.sessions.batch_rows). Rows at a fixed k draft as asked."""
         autos = [call for call in calls if call.params.num_draft_tokens == AUTO]  # a fixed k is the client's
-        if len(calls) < 2 or not autos:
-            return
-        rows = [
-            RowDraft(call.expected, len(call.head.tokens) + call.num_draft_tokens, call.num_draft_tokens)
-            for call in autos
-        ]
-        if self.policy.pays_together(rows, load):
-            self.batch_probe = self.batch_probe.drafted()
-            return
-        # A probe asks whether acceptance has risen enough to pay; where even drafts all kept would not pay
-        # (our batch too slow next to the target's pass, as on a CPU), it could only cost: none is made.
-        k = self.max_draft_tokens
-        sure = [RowDraft(1.0 + k, k, k)] * len(autos)
-        probing = self.batch_probe.due and self.policy.pays_together(sure, load)
-        self.batch_probe = self.batch_probe.probed() if probing else self.batch_probe.waited()
-        for call in autos:
-            if probing and call.probe_plan is not None:
-                call.head, call.num_draft_tokens = call.probe_plan
-            else:
-                call.head, call.num_draft_tokens = NO_DRAFT, 0
+        if len(calls) > 1 and autos:
+            self.batch_probe = plan_together(autos, self.policy, self.batch_probe, load)
 
     def look_up(self, params: DraftParams, context, max_tokens: int) -> tuple[SuffixDraft, float]:
         """The suffix index's draft for this call's context, and what the lookup took (ms)."""

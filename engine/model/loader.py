@@ -16,16 +16,13 @@ import torch
 from safetensors import safe_open
 
 from engine.model.config import ConfigError, ModelConfig
+from engine.model.errors import LoadError
 from engine.model.presets import PRESETS, is_preset, preset_state_dict
 from engine.model.qwen3 import Qwen3
 
 log = logging.getLogger(__name__)
 # config.json key that export/ sets on a preset's checkpoint, so "these weights are random" survives export.
 RANDOM_WEIGHTS_KEY = "drafter_random_weights"
-
-
-class LoadError(ValueError):
-    """A model source that cannot be loaded; the message names the problem."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,9 +41,9 @@ def test_expected_prefill_is_what_the_engine_then_computes(engine):
     assert engine.expected_prefill(again) == engine.draft_batch([again])[0].prefilled == 2
 
 
-def test_the_startup_measure_probes_prefill_only_where_a_draft_could_run_inline(engine):
-    never = startup_costs.measure(engine, inline_max_ms=0, repeats=1)
-    assert never.prefill_token_ms == math.inf and never.base_ms >= 0 and never.step_ms >= 0
+def test_the_startup_measure_prices_prefill_with_a_short_probe_where_no_draft_runs_inline(engine):
+    never = startup_costs.measure(engine, inline_max_ms=0, repeats=1)  # what `"auto"`'s batch rows weigh
+    assert 0 < never.prefill_token_ms < math.inf and never.base_ms >= 0 and never.step_ms >= 0
     costs = startup_costs.measure(engine, inline_max_ms=1000, repeats=1)
     assert 0 < costs.prefill_token_ms < math.inf
 

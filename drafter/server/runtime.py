@@ -136,7 +136,11 @@ class Runtime:
             ),
             DraftLengthPolicy(
                 DraftCost(
-                    config.target_verify_ms, costs.base_ms, costs.step_ms, config.target_verify_ms_per_token
+                    config.target_verify_ms,
+                    costs.base_ms,
+                    costs.step_ms,
+                    config.target_verify_ms_per_token,
+                    costs.prefill_token_ms,
                 ),
                 config.max_draft_tokens,
                 config.max_batch_size,

@@ -45,6 +45,14 @@ class BatchCosts:
         known = [size for size in self.by_rows if size <= rows]
         return self.by_rows[max(known)] if known else None
 
+    def nearest(self, rows: int) -> BatchCost | None:
+        """The size seen nearest to `rows` (the smaller on a tie); None before any."""
+        return (
+            self.by_rows[min(self.by_rows, key=lambda size: (abs(size - rows), size))]
+            if self.by_rows
+            else None
+        )
+
     def describe(self) -> dict:
         return {
             str(size): {name: round(value, 3) for name, value in cost._asdict().items()}

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from drafter.sessions.draft_length import MAX_PROBE_EVERY, PROBE_EVERY, DraftLengthPolicy, Load
 from drafter.sessions.suffix_drafts import NO_DRAFT
 
+BACKLOG_ROUNDS = 16  # rounds a backlog's prefill is spread over: what drafting must go on for, to repay it
+
 
 @dataclass(frozen=True, slots=True)
 class RowDraft:
@@ -28,6 +30,7 @@ class RowDraft:
     expected: float  # 1 + E[accepted]: the target's tokens from this row's round
     verified: int  # the drafts the target verifies (a suffix lead and model drafts)
     model: int  # of them, model drafts: the steps our batch runs
+    backlog: float = 0.0  # tokens it would prefill beyond its round's, per round (`backlog`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,15 @@ class BatchProbe:
         return BatchProbe(0, min(2 * self.wait, MAX_PROBE_EVERY))
 
 
+def backlog(context_len: int, engine_len: int, num_previous_drafts: int) -> float:
+    """The tokens a row's draft would prefill beyond what a row drafting every round brings (its last drafts
+    and the target's token), spread over BACKLOG_ROUNDS rounds: a row that answered none for a while, or a
+    new request's prompt, makes our batch prefill everything since (on a CPU, 13-26 ms a token for the real
+    pair's drafter: a whole prompt or a probe after 8 passes of 8 rows took seconds, and a loaded vLLM ran at
+    0.64-0.87x without drafting more than a few rows). Paid once, it is worth it only if drafting goes on."""
+    return max(0, context_len - engine_len - 1 - num_previous_drafts) / BACKLOG_ROUNDS
+
+
 def pays_together(policy: DraftLengthPolicy, rows: Sequence[RowDraft], load: Load) -> bool:
     """Whether the drafts planned for the rows of one pass make it faster than the same rows without drafts
     (False when none is planned)."""
@@ -60,6 +72,7 @@ def pays_together(policy: DraftLengthPolicy, rows: Sequence[RowDraft], load: Loa
     longest, drafting = max(row.model for row in rows), sum(row.model > 0 for row in rows)
     pass_ms = sum(float(policy.target.round_ms(row.verified, n)) for row in rows)
     draft_ms = float(policy.draft_ms(longest, load, drafting))
+    draft_ms += policy.prefill_token_ms(drafting) * sum(row.backlog for row in rows if row.model)
     drafted = sum(row.expected for row in rows) / (pass_ms + draft_ms)
     return drafted > 1.0 / float(policy.target.round_ms(0, n))
 
@@ -68,13 +81,16 @@ def plan_together(calls: list, policy: DraftLengthPolicy, probe: BatchProbe, loa
     """The `"auto"` calls of one pass (drafter.sessions.speculation.Call, each prepared with `rows`) keep the
     drafts each planned, answer none, or probe together; the batch's probe state after."""
     rows = [
-        RowDraft(call.expected, len(call.head.tokens) + call.num_draft_tokens, call.num_draft_tokens)
+        RowDraft(
+            call.expected, len(call.head.tokens) + call.num_draft_tokens, call.num_draft_tokens, call.backlog
+        )
         for call in calls
     ]
     if pays_together(policy, rows, load):
         return probe.drafted()
     k = policy.max_draft_tokens
-    probing = probe.due and pays_together(policy, [RowDraft(1.0 + k, k, k)] * len(calls), load)
+    sure = [RowDraft(1.0 + k, k, k, call.backlog) for call in calls]
+    probing = probe.due and pays_together(policy, sure, load)
     for call in calls:
         if probing and call.probe_plan is not None:
             call.head, call.num_draft_tokens = call.probe_plan

@@ -96,6 +96,7 @@ class DraftCost:
     draft_base_ms: float  # a draft call's fixed cost (prefill of the new tokens, loop set-up, host work)
     step_ms: float  # one decode step
     target_token_ms: float = 0.0  # what each more token verified adds to the target's pass
+    prefill_token_ms: float = 0.0  # one more uncached context token, measured at startup (0: not known)
 
     def __post_init__(self):
         if not self.target_verify_ms > 0:
@@ -166,6 +167,7 @@ class DraftLengthPolicy:
         model: bool = True,
         rows: int = 1,
         probe: bool | None = None,
+        backlog: float = 0.0,
     ) -> tuple[int, int]:
         """(L, k): lead with the first L tokens of a suffix draft (head_probs: the chance that each of its
         tokens is reached, as the session's track scales the index's counts), then k model drafts; the pair
@@ -173,7 +175,8 @@ class DraftLengthPolicy:
         plain decode step. Without `model` (a suffix-only call) or past the queue limit, k is 0. `rows`: the
         calls of one /draft/batch request, rows of one pass of the target and one engine batch of ours; each
         weighs its tokens against its share of both (see "Why rows share" above). `probe`: whether the model
-        drafts at least one; None: as the session's own wait for a probe says."""
+        drafts at least one; None: as the session's own wait for a probe says. `backlog`: in a batch, the
+        tokens a draft would prefill beyond its round's, per round (drafter.sessions.batch_rows.backlog)."""
         limit = min(self.max_draft_tokens, room)
         if limit < 1:
             return 0, 0
@@ -192,6 +195,8 @@ class DraftLengthPolicy:
         reach = np.concatenate(([1.0], probs))[:, None]  # P(all L accepted): the model's drafts count
         model_expected = np.concatenate(([0.0], np.cumsum(np.full(limit, acceptance.p).cumprod())))[None, :]
         round_ms = self.target.round_ms(lead + ks, rows) + self.draft_ms(ks, load, rows) / rows
+        if backlog:
+            round_ms = round_ms + np.where(ks > 0, backlog * self.prefill_token_ms(rows), 0.0)
         rate = (1.0 + head_expected + reach * model_expected) / round_ms
         rate = np.where(usable, rate, -np.inf)
         best_lead, best_k = np.unravel_index(int(np.argmax(rate)), rate.shape)  # the shortest among equals
@@ -212,6 +217,16 @@ class DraftLengthPolicy:
         step_ms *= 1.0 + (load.queue_depth + load.running) / self.max_batch_size
         steps = np.concatenate(([0.0], self.steps))[np.minimum(k, self.max_draft_tokens)]
         return np.where(k > 0, base_ms + steps * step_ms, 0.0)
+
+    def prefill_token_ms(self, rows: int) -> float:
+        """What a prefilled token costs in a batch of `rows`: as batches of about that size prefilled lately,
+        else as measured at startup."""
+        batch = self.batches.at(rows) or self.batches.nearest(rows)
+        return (
+            batch.prefill_token_ms
+            if batch is not None and batch.prefill_token_ms
+            else self.cost.prefill_token_ms
+        )
 
     def expected_tokens(
         self, acceptance: Acceptance, head_probs: Sequence[float], lead: int, k: int

@@ -19,7 +19,7 @@ import numpy as np
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.reporting import SpeculationMetrics
-from drafter.sessions.batch_rows import BatchProbe, plan_together
+from drafter.sessions.batch_rows import BatchProbe, backlog, plan_together
 from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import (
     HYBRID,
@@ -55,6 +55,8 @@ class Call:
     rows: int = 1  # the calls of its /draft/batch request: rows of one pass of the target
     expected: float = 1.0  # under "auto" in a batch: 1 + E[accepted] of the planned draft
     probe_plan: tuple[SuffixDraft, int] | None = None  # in a batch due for a probe: (head, k) with k >= 1
+    engine_len: int = 0  # the context length the engine last drafted from for this session (0: none)
+    backlog: float = 0.0  # in a batch: tokens a draft would prefill beyond its round's, per round amortized
     pass_drafts: int | None = None  # the drafts sent to all of them (None: this call's own)
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
 
@@ -141,6 +143,10 @@ class Speculation:
         source = params.source or self.default_source
         call = Call(params, context, session, accepted, num_previous, acceptance, 0, track, source)
         call.hindsight, call.rows = judged, rows
+        if (
+            session is not None and params.prefix_len is not None
+        ):  # a rebuilt session's cache is the engine's guess
+            call.engine_len = session.engine_len
         # A suffix draft costs no decode steps: under "auto" it may run to the server's maximum.
         max_suffix = min(self.max_draft_tokens, room) if k == AUTO else k
         if source != MODEL:
@@ -152,13 +158,20 @@ class Speculation:
             probs = scaled_probs(lead, track)
             # In a batch the rows probe together (Speculation.together), never each at its own time.
             probe = None if rows == 1 else False
-            plan = self.policy.plan(acceptance, load, room, probs, source != SUFFIX, rows, probe)
+            if rows > 1:
+                call.backlog = backlog(len(context), call.engine_len, num_previous)
+            plan = self.policy.plan(
+                acceptance, load, room, probs, source != SUFFIX, rows, probe, call.backlog
+            )
             length, call.num_draft_tokens = plan
             call.head = lead.cut(length)
             if rows > 1:
                 call.expected = self.policy.expected_tokens(acceptance, probs, length, call.num_draft_tokens)
                 if self.batch_probe.due:
-                    length, k = self.policy.plan(acceptance, load, room, probs, source != SUFFIX, rows, True)
+                    model = source != SUFFIX
+                    length, k = self.policy.plan(
+                        acceptance, load, room, probs, model, rows, True, call.backlog
+                    )
                     call.probe_plan = lead.cut(length), k
         elif source == SUFFIX:
             call.head = call.lookup
@@ -232,6 +245,7 @@ class Speculation:
                 head_len,
                 call.lookup,
                 (call.rows, len(drafts) if call.pass_drafts is None else call.pass_drafts),
+                len(call.context) if call.num_draft_tokens else call.engine_len,
             )
             fields["session_token"] = token
             if params.close:

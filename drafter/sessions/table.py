@@ -58,6 +58,7 @@ class Session:
     )
     pass_rows: int = 1  # the rows of the target's pass that answer went into (a /draft/batch request's)
     pass_drafts: int = 0  # and the drafts sent to all of them
+    engine_len: int = 0  # the context length the engine last drafted from: its cache holds about that much
 
     @property
     def context(self) -> np.ndarray:
@@ -167,6 +168,7 @@ class SessionTable:
         head_len: int = 0,
         suffix_draft: SuffixDraft | None = None,
         target_pass: tuple[int, int] = (1, 0),  # (rows, drafts in all) of the pass the answer goes into
+        engine_len: int = 0,  # the context length the engine last drafted from for this session
     ) -> str:
         """Store a finished call: its context (a view of a session buffer, from `extend` or `full_context`)
         and drafts become the sequence. A full-context call (rebuild) makes a fresh token; a v2 call keeps
@@ -182,6 +184,7 @@ class SessionTable:
                 read.acceptance, read.touched, read.answered = acceptance, now, time.perf_counter()
                 read.suffix_track, read.head_len, read.suffix_draft = suffix_track, head_len, suffix_draft
                 read.pass_rows, read.pass_drafts = target_pass
+                read.engine_len = engine_len
                 self.sessions.move_to_end(name)
             return read.token
         self.sessions.pop(name, None)
@@ -200,6 +203,7 @@ class SessionTable:
             answered=time.perf_counter(),
             pass_rows=target_pass[0],
             pass_drafts=target_pass[1],
+            engine_len=engine_len,
         )
         while len(self.sessions) > self.max_sessions:
             evicted, _ = self.sessions.popitem(last=False)

@@ -20,6 +20,7 @@ import numpy as np
 
 from drafter.adaptation.buffer import TrafficBuffer
 from drafter.adaptation.cycle import Cycle
+from drafter.adaptation.heap import release_freed_memory
 from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.weights import source_hf_config, source_tensors
 from drafter.scheduling.batcher import Batcher
@@ -44,7 +45,7 @@ def build_cycle(engine: Engine, buffer_tokens: int, adapter_rank: int = 0) -> Cy
     """The cycle for what `engine` serves, from version 0 (its checkpoint as served); on the engine thread,
     since it builds the trainer's and the scorer's models."""
     loaded, dtype = engine.loaded, DTYPES[engine.config.dtype]
-    return Cycle(
+    cycle = Cycle(
         CycleSettings.for_rank(adapter_rank),
         TrafficBuffer(buffer_tokens),
         source_hf_config(loaded),
@@ -55,6 +56,8 @@ def build_cycle(engine: Engine, buffer_tokens: int, adapter_rank: int = 0) -> Cy
         engine.device,
         loaded.weight_scales or "tensor",
     )
+    release_freed_memory()  # the models' construction freed more than they hold
+    return cycle
 
 
 class AdaptWork:
@@ -122,7 +125,10 @@ class AdaptWork:
         takes a background job's error for the device's. (The one step that writes the engine, the swap's
         copy, follows a check of every tensor, so it cannot fail halfway on bad weights.)"""
         try:
-            return self.cycle.work(stop)
+            decision = self.cycle.work(stop)
+            if decision is not None:  # a candidate or a judgment came and went: gigabytes freed
+                release_freed_memory()
+            return decision
         except Exception as error:  # noqa: BLE001 - training or scoring failed: serving goes on
             self.stopped_because = f"{type(error).__name__}: {error}"
             log.exception("adaptation stopped; the live weights stay")

@@ -239,6 +239,7 @@ def run(args) -> dict:
         "adaptation": adaptation,
         "config": {
             "pair": shown(args.directory),
+            "pair_kind": args.pair,
             "adapt_rank": args.adapt_rank,
             "drafter": {
                 **{key: info.get(key) for key in ("quantization", "device", "dtype")},

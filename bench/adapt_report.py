@@ -110,12 +110,23 @@ def summarize(rows: list[dict], window: int, gpu: GpuModel, think_s: float) -> d
     }  # fmt: skip
 
 
+PAIR_NAMES = {
+    "testbed": "Testbed pair",
+    "realpair": "Real pair (Qwen2.5-Coder-1.5B-Instruct target, Qwen2.5-Coder-0.5B-Instruct drafter)",
+}
+
+
+def adapted_weights(rank: int) -> str:
+    return f"rank-{rank} adapters" if rank else "every decoder weight"
+
+
 def markdown(report: dict) -> str:
     config, machine, summary = report["config"], report["machine"], report["summary"]
     goal, adaptation, cost = summary["goal"], report["adaptation"], summary["costs"]
     lines = [
-        f"Testbed pair, drafter {config['drafter']['model']} ({config['drafter']['quantization']}), target fp32 on "
-        f"the CPU; stream: {config['stream']['domain']}, {config['num_prompts']} prompts of "
+        f"{PAIR_NAMES[config.get('pair_kind', 'testbed')]}, drafter {config['drafter']['model']} "
+        f"({config['drafter']['quantization']}; adapting with {adapted_weights(config.get('adapt_rank', 0))}), "
+        f"target fp32 on the CPU; stream: {config['stream']['domain']}, {config['num_prompts']} prompts of "
         f"{config['max_new_tokens']} new tokens, k = {config['num_draft_tokens']}, model drafts, "
         f"{config['think_s']} s idle after each prompt (the adapting server paused while the target alone and "
         f"the fixed drafter are timed); {machine['cpu']}, {machine['cpu_cores']} cores, "
@@ -130,7 +141,7 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {w['prompts'][0]}-{w['prompts'][1]} | {w['tokens_served_before']} | {w['version']} "
             f"| {w['off']['tokens_per_round']:.2f} | {w['on']['tokens_per_round']:.2f} | **{w['ratio']:.2f}** "
-            f"| {w['alone_tokens_per_s']:.0f} | {w['off']['tokens_per_s']:.0f} | {w['on']['tokens_per_s']:.0f} "
+            f"| {w['alone_tokens_per_s']:.3g} | {w['off']['tokens_per_s']:.3g} | {w['on']['tokens_per_s']:.3g} "
             f"| {w['measured_tokens_per_s_ratio']:.2f} | {fmt(w['off']['projected']['speedup'])} "
             f"| {fmt(w['on']['projected']['speedup'])} |"
         )
@@ -140,7 +151,7 @@ def markdown(report: dict) -> str:
         f = summary[key]
         lines.append(
             f"| {name} | {f['off']['tokens_per_round']:.2f} | {f['on']['tokens_per_round']:.2f} | **{f['ratio']:.2f}** "
-            f"| {f['alone_tokens_per_s']:.0f} | {f['off']['tokens_per_s']:.0f} | {f['on']['tokens_per_s']:.0f} "
+            f"| {f['alone_tokens_per_s']:.3g} | {f['off']['tokens_per_s']:.3g} | {f['on']['tokens_per_s']:.3g} "
             f"| {f['measured_tokens_per_s_ratio']:.2f} | {fmt(f['off']['projected']['speedup'])} "
             f"| {fmt(f['on']['projected']['speedup'])} | {f['projected_speedup_ratio']:.2f} |"
         )
@@ -211,7 +222,7 @@ def print_summary(report: dict) -> None:
         print(
             f"window {i:>2} (after {w['tokens_served_before']:>5} tokens, v{w['version']}): tokens/round "
             f"off {w['off']['tokens_per_round']:.2f} on {w['on']['tokens_per_round']:.2f} = {w['ratio']:.2f}x, "
-            f"tok/s off {w['off']['tokens_per_s']:.0f} on {w['on']['tokens_per_s']:.0f}"
+            f"tok/s off {w['off']['tokens_per_s']:.3g} on {w['on']['tokens_per_s']:.3g}"
         )
     whole, goal = summary["whole_stream"], summary["goal"]
     print(

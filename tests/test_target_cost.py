@@ -110,6 +110,21 @@ def test_passes_of_different_row_counts_are_learned_apart():
     assert cost.describe()["by_rows"]["4"] == {"step_ms": 113.75, "token_ms": 25.0}
 
 
+def test_a_row_count_whose_drafted_passes_came_out_short_does_not_make_drafts_free():
+    """Under vLLM at 8 rows, three probes' passes came out shorter than the median plain pass: learned
+    alone that count said 0 ms a draft, and as the latest estimate every count's. Pooled, the other counts'
+    gaps outweigh it."""
+    cost = TargetCost(told_step_ms=455.0, told_token_ms=25.0, max_drafts=K)
+    for _ in range(8):
+        cost.observe(0, 466.0, rows=1)
+        cost.observe(4, 466.0 + 4 * 25.0, rows=1)
+    for _ in range(3):
+        cost.observe(0, 455.0, rows=8)
+        cost.observe(8, 440.0, rows=8)  # one draft a row, a pass shorter than the plain ones
+    assert 15.0 < cost.token_ms < 25.0
+    assert float(cost.round_ms(1, 8)) > float(cost.round_ms(0, 8)) + 15.0
+
+
 def test_a_rollback_and_a_call_beside_another_of_its_session_are_no_rounds():
     spec = speculation()
     context = list(range(1, 40))

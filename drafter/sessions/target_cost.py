@@ -25,8 +25,14 @@ whole pass, whose drafts are mostly other rows', and a pass of n rows yields n t
 kept. So a gap is learned as one row's share: the gap over the rows, by the pass's drafts per row; and
 `round_ms(k, rows)` is a row's share of a pass where each row verifies k drafts. Learned per session instead,
 a row answered 0 drafts heard a pass full of the others' drafts as a plain step, drafts looked free, and
-`"auto"` kept a batch of 4-8 rows drafting where it made the target 0.5-0.65x as fast. This module knows
-nothing of HTTP or sessions.
+`"auto"` kept a batch of 4-8 rows drafting where it made the target 0.5-0.65x as fast.
+
+Why one cost a draft for every row count: a verified token costs the target what it costs (compute on a
+CPU, ~0 where the pass is memory-bound) however many rows share the pass, while each count's own estimate
+rests on few passes with drafts, and gaps vary pass to pass: under vLLM at 8 rows three probes' passes
+came out shorter than the median plain pass, that count learned 0 ms a draft, and as the latest estimate
+it became every count's, so drafts looked free. So `token_ms` pools every count's drafted lengths, each
+weighted by its gaps. This module knows nothing of HTTP or sessions.
 """
 
 from __future__ import annotations
@@ -50,7 +56,13 @@ class PassGaps:
         self.gaps = [deque(maxlen=WINDOW) for _ in range(max_drafts + 1)]
         self.medians: list[float | None] = [None] * (max_drafts + 1)  # once a length has MIN_GAPS gaps
         self.step_ms: float | None = None  # a row's share of a plain step, once gaps showed it
-        self.token_ms: float | None = None  # what a verified draft adds, once gaps after drafts showed it
+
+    def per_draft(self, told_step_ms: float) -> list[tuple[float, int]]:
+        """(what a verified draft added, gaps behind it) for each drafted length with a median."""
+        step_ms = self.medians[0] if self.medians[0] is not None else told_step_ms
+        return [
+            ((m - step_ms) / k, len(self.gaps[k])) for k, m in enumerate(self.medians) if k and m is not None
+        ]
 
 
 class TargetCost:
@@ -61,7 +73,7 @@ class TargetCost:
         # CPU it is ~4x less at 4 rows than at 1 (466 and 114 ms on the real pair under vLLM); one window
         # for all row counts learned a mix of both and 0 ms a draft.
         self.by_rows: dict[int, PassGaps] = {}
-        self.token_ms = told_token_ms  # the latest learned at any row count: where a count has none yet
+        self.token_ms = told_token_ms  # what a verified draft adds, pooled over every row count's gaps
         self.num_rounds = 0
 
     def step_ms(self, rows: int = 1) -> float:
@@ -75,9 +87,7 @@ class TargetCost:
     def round_ms(self, num_drafts, rows: int = 1):
         """A row's share of the target's ms for a pass of `rows` rows that verifies `num_drafts` drafts a row
         (an int or an array of them)."""
-        learned = self.by_rows.get(rows)
-        token_ms = self.token_ms if learned is None or learned.token_ms is None else learned.token_ms
-        return self.step_ms(rows) + np.asarray(num_drafts) * token_ms
+        return self.step_ms(rows) + np.asarray(num_drafts) * self.token_ms
 
     def observe(self, num_drafts: int, gap_ms: float, rows: int = 1) -> None:
         """A session's call arrived gap_ms after its answer went into a pass of the target with `rows` rows
@@ -93,17 +103,15 @@ class TargetCost:
         self.num_rounds += 1
         if len(gaps) < MIN_GAPS:
             return
-        medians = learned.medians
-        medians[per_row] = median(gaps)
-        step_ms = medians[0] if medians[0] is not None else self.told_step_ms / rows
+        learned.medians[per_row] = median(gaps)
         per_draft = [
-            ((m - step_ms) / k, len(learned.gaps[k])) for k, m in enumerate(medians) if k and m is not None
+            pair for n, gaps in self.by_rows.items() for pair in gaps.per_draft(self.told_step_ms / n)
         ]
         if per_draft:
             weight = sum(n for _, n in per_draft)
-            learned.token_ms = self.token_ms = max(0.0, sum(ms * n for ms, n in per_draft) / weight)
-        if medians[0] is not None:
-            learned.step_ms = max(medians[0], 1e-3)
+            self.token_ms = max(0.0, sum(ms * n for ms, n in per_draft) / weight)
+        if learned.medians[0] is not None:
+            learned.step_ms = max(learned.medians[0], 1e-3)
 
     def describe(self) -> dict:
         return {

@@ -65,13 +65,26 @@ from drafter.client import DraftClient, DraftRequestError
 from drafter.integrations.transformers_generate import AUTO, SpeculationStats
 from drafter.sessions.draft_source import MODEL
 
-TESTBED_RUN = {"num_draft_tokens": 8, "think_s": 1.0, "target_threads": 1, "adapt_rank": 0}
+TESTBED_RUN = {
+    "num_draft_tokens": 8,
+    "think_s": 1.0,
+    "target_threads": 1,
+    "adapt_rank": 0,
+    "dtype": "float32",
+}
 FULL = {"prompts": 120, "max_new_tokens": 128, "window": 8}  # ~15k target tokens, 7-11 min on 2 busy cores
 QUICK = {"prompts": 40, "max_new_tokens": 96, "window": 5}  # ~4k, ~2 min
 # The real pair: its target decodes ~2.4 tokens/s (fp32, 2 threads), a drafter step ~0.2 s, a rank-8 adapter
 # step ~3 s (docs/adaptation.md). One thread for the target would halve its speed; the servers are idle or
-# paused while it decodes.
-REALPAIR_RUN = {"num_draft_tokens": 4, "think_s": 20.0, "target_threads": 2, "adapt_rank": 8}
+# paused while it decodes. The servers in bf16: in fp32 the adapting server's swaps (new packed linears beside
+# the old, the trainer's merged weights) peaked past 13 GB beside the 1.5B target and were OOM-killed.
+REALPAIR_RUN = {
+    "num_draft_tokens": 4,
+    "think_s": 20.0,
+    "target_threads": 2,
+    "adapt_rank": 8,
+    "dtype": "bfloat16",
+}
 REALPAIR_FULL = {"prompts": 32, "max_new_tokens": 64, "window": 4}  # ~2k target tokens, ~1 h
 REALPAIR_QUICK = {"prompts": 8, "max_new_tokens": 48, "window": 4}  # ~15 min
 # The adapting server's /info counters read before and after each think time. Its totals at the end also
@@ -117,6 +130,9 @@ def parse_args(argv):
     parser.add_argument("--think-s", type=float, help="idle time after each prompt [1.0; real pair 20]")
     parser.add_argument("--target-threads", type=int, help="the target's torch threads [1; real pair 2]")
     parser.add_argument("--adapt-rank", type=int, help="the adapting server's --adapt-rank [0; real pair 8]")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), help="both servers' [float32; real pair bfloat16]"
+    )
     parser.add_argument("--out", type=Path, help="write report.json, report.md and adapt.png here")
     args = parser.parse_args(argv)
     args.pair = "realpair" if args.realpair else "testbed"
@@ -216,6 +232,8 @@ def run(args) -> dict:
         str(drafter_dir),
         "--device",
         "cpu",
+        "--dtype",
+        args.dtype,
         "--request-timeout-s",
         str(DRAFT_TIMEOUT_S),
         *cost_flags,

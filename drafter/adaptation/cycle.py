@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from drafter.adaptation.buffer import Example, TrafficBuffer
+from drafter.adaptation.heap import release_freed_memory
 from drafter.adaptation.preempt import Preempted, preemptible
 from drafter.adaptation.score import Score, agreement, replay
 from drafter.adaptation.settings import CycleSettings
@@ -166,6 +167,8 @@ class Cycle:
                 self.next_number,
                 served_tensors(state, self.quantization, self.dtype, self.tied, self.weight_scales),
             )
+            del state
+            release_freed_memory()  # the merged weights and the quantization's temporaries: gigabytes
         else:
             self.candidate = self.previous
         since = self.examples_at_swap if contest == JUDGMENT else 0

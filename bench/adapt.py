@@ -152,7 +152,7 @@ def parse_args(argv):
 
 
 @contextlib.contextmanager
-def servers(flags: list[str], adapt_rank: int):
+def servers(flags: list[str], adapt_rank: int = 0):
     """The fixed drafter's server and the adapting one, the same flags but `--adapt`."""
     with (
         ServerProcess(flags, timeout_s=300) as off,

@@ -251,3 +251,12 @@ def stopping_at(num_calls: int):
         return len(asked) >= num_calls
 
     return stop, asked
+
+
+def test_training_waits_out_the_targets_round_before_it_takes_the_engine():
+    """Between two calls of a conversation the engine idles while the target verifies; a step there takes
+    the target's cores. A GPU target's 25 ms step keeps the 50 ms spell; a CPU's 0.5 s verify waits 1 s."""
+    from drafter.server.adapt_work import QUIET_S, quiet_spell_s
+
+    assert quiet_spell_s(0.0) == quiet_spell_s(25.0) == QUIET_S
+    assert quiet_spell_s(500.0) == pytest.approx(1.0)

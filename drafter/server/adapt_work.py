@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,17 @@ JOB_KEY = "\0adaptation"  # a background-work key no session name can take (name
 # gap, on a 2-core machine under other load). After a quiet spell, the first call of a new burst waits
 # for the layer or chunk of logits under way (drafter/adaptation/preempt.py).
 QUIET_S = 0.05
+# And for twice the target's round (its plain step, learned from the gaps between a session's calls, else
+# told): between two calls of a conversation the engine is idle while the target verifies, and on a shared
+# CPU (or GPU) a step there takes the target's cores. On the real pair (2 cores, a ~0.5 s verify) a 50 ms
+# spell let the trainer run 10 of its 60 steps and most of its scoring inside conversations: the target ran
+# at 0.75x the fixed drafter's speed, and calls waited 0.42 s at p50 (1.9 ms on the fixed server).
+QUIET_ROUNDS = 2.0
+
+
+def quiet_spell_s(target_step_ms: float) -> float:
+    """How long the engine must have answered nothing before training starts."""
+    return max(QUIET_S, QUIET_ROUNDS * target_step_ms / 1e3)
 
 
 def build_cycle(engine: Engine, buffer_tokens: int, adapter_rank: int = 0) -> Cycle:
@@ -61,8 +73,17 @@ def build_cycle(engine: Engine, buffer_tokens: int, adapter_rank: int = 0) -> Cy
 
 
 class AdaptWork:
-    def __init__(self, cycle: Cycle, batcher: Batcher, directory: Path | None, hf_config: dict, dtype):
+    def __init__(
+        self,
+        cycle: Cycle,
+        batcher: Batcher,
+        directory: Path | None,
+        hf_config: dict,
+        dtype,
+        target_step_ms: Callable[[], float] = lambda: 0.0,  # the target's plain step, as auto has it now
+    ):
         self.cycle, self.batcher, self.directory = cycle, batcher, directory
+        self.target_step_ms = target_step_ms
         self.hf_config, self.dtype = hf_config, dtype
         self.drafted_by: dict[str, int] = {}  # session -> weights version of the model drafts it was sent
         self.posted = False
@@ -103,15 +124,16 @@ class AdaptWork:
         self.drafted_by.pop(name, None)
 
     def post(self) -> None:
-        """Hand the cycle to the batcher once the engine has been quiet for QUIET_S (checked again then)."""
+        """Hand the cycle to the batcher once the engine has been quiet for its spell (checked again then)."""
         if self.posted or self.timer is not None or self.stopped_because is not None:
             return
         if not self.cycle.has_work():
             return
         loop = asyncio.get_running_loop()
         quiet_for = loop.time() - self.last_answer
-        if quiet_for < QUIET_S or self.batcher.running or self.batcher.waiting:
-            self.timer = loop.call_later(max(QUIET_S - quiet_for, QUIET_S / 10), self.recheck)
+        spell = quiet_spell_s(self.target_step_ms())
+        if quiet_for < spell or self.batcher.running or self.batcher.waiting:
+            self.timer = loop.call_later(max(spell - quiet_for, QUIET_S / 10), self.recheck)
             return
         self.posted = True
         self.batcher.run_in_background(JOB_KEY, self.work, self.done)

@@ -189,7 +189,10 @@ class Runtime:
             self.ahead = AheadWork(ahead, self.batcher, engine, self.speculation.sessions)
         if cycle is not None:
             directory = Path(config.adapt_dir).expanduser() if config.adapt_dir else None
-            self.adapt = AdaptWork(cycle, self.batcher, directory, cycle.hf_config, cycle.dtype)
+            target = self.speculation.policy.target
+            self.adapt = AdaptWork(
+                cycle, self.batcher, directory, cycle.hf_config, cycle.dtype, lambda: target.step_ms()
+            )
             self.speculation.on_verified = self.adapt.verified
             self.metrics.watch_adaptation(self.adapt)
             self.adapt.start()

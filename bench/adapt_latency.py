@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from bench.adapt import servers, shown
+from bench.adapt import servers
+from bench.adapt_args import shown
 from bench.adapt_stream import stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe

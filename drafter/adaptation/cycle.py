@@ -154,7 +154,9 @@ class Cycle:
             elif self.pending:
                 self.score_next(stop)
             else:
-                return self.decide()
+                decision = self.decide()
+                release_freed_memory()  # a candidate or a judgment came and went: gigabytes freed
+                return decision
         return None
 
     def start_scoring(self, contest: str) -> None:

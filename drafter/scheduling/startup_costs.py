@@ -49,9 +49,8 @@ def measure(engine: Engine, inline_max_ms: float, repeats: int = 5) -> StartupCo
         PREFILL_PROBE_TOKENS if inline else SHORT_PREFILL_PROBE_TOKENS, engine.config.max_seq_len - max_k - 1
     )
     rates = []
-    for start in (
-        (1, 2) if inline else (1,)
-    ):  # fresh contexts: no prefix is cached (the one above starts at 0)
+    # Fresh contexts: no prefix of them is cached (the one above starts at 0).
+    for start in (1, 2) if inline else (1,):
         fresh = (start + 7 * np.arange(probe, dtype=np.int64)) % vocab
         result = engine.draft_batch([DraftRequest(fresh, 1)])[0]
         rates.append(result.prefill_ms / max(result.prefilled, 1))

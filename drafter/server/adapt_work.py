@@ -147,10 +147,7 @@ class AdaptWork:
         takes a background job's error for the device's. (The one step that writes the engine, the swap's
         copy, follows a check of every tensor, so it cannot fail halfway on bad weights.)"""
         try:
-            decision = self.cycle.work(stop)
-            if decision is not None:  # a candidate or a judgment came and went: gigabytes freed
-                release_freed_memory()
-            return decision
+            return self.cycle.work(stop)
         except Exception as error:  # noqa: BLE001 - training or scoring failed: serving goes on
             self.stopped_because = f"{type(error).__name__}: {error}"
             log.exception("adaptation stopped; the live weights stay")

@@ -189,9 +189,13 @@ class Runtime:
             self.ahead = AheadWork(ahead, self.batcher, engine, self.speculation.sessions)
         if cycle is not None:
             directory = Path(config.adapt_dir).expanduser() if config.adapt_dir else None
-            target = self.speculation.policy.target
             self.adapt = AdaptWork(
-                cycle, self.batcher, directory, cycle.hf_config, cycle.dtype, lambda: target.step_ms()
+                cycle,
+                self.batcher,
+                directory,
+                cycle.hf_config,
+                cycle.dtype,
+                self.speculation.policy.target.step_ms,
             )
             self.speculation.on_verified = self.adapt.verified
             self.metrics.watch_adaptation(self.adapt)

@@ -209,9 +209,8 @@ class DraftLengthPolicy:
         k = np.asarray(num_drafts)
         base_ms, step_ms = self.cost.draft_base_ms, self.step_ms
         batch = self.batches.at(rows) if rows > 1 else None
-        if (
-            batch is not None
-        ):  # drafting every round, a row brings its drafts and the target's token to prefill
+        if batch is not None:
+            # Drafting every round, a row brings its drafts and the target's token to prefill.
             base_ms = batch.base_ms + batch.prefill_token_ms * rows * (1 + k)
             step_ms = batch.step_ms
         step_ms *= 1.0 + (load.queue_depth + load.running) / self.max_batch_size

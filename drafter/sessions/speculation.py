@@ -55,7 +55,6 @@ class Call:
     rows: int = 1  # the calls of its /draft/batch request: rows of one pass of the target
     expected: float = 1.0  # under "auto" in a batch: 1 + E[accepted] of the planned draft
     probe_plan: tuple[SuffixDraft, int] | None = None  # in a batch due for a probe: (head, k) with k >= 1
-    engine_len: int = 0  # the context length the engine last drafted from for this session (0: none)
     backlog: float = 0.0  # in a batch: tokens a draft would prefill beyond its round's, per round amortized
     pass_drafts: int | None = None  # the drafts sent to all of them (None: this call's own)
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
@@ -73,6 +72,14 @@ class Call:
         if not self.head.tokens:
             return SUFFIX if self.wanted == SUFFIX else MODEL
         return HYBRID if self.num_draft_tokens else SUFFIX
+
+    @property
+    def engine_len(self) -> int:
+        """The context length the engine last drafted from for this session: 0 for a new or rebuilt one
+        (a full-context call's cache is the engine's to find)."""
+        if self.session is None or self.params.prefix_len is None:
+            return 0
+        return self.session.engine_len
 
 
 class Speculation:
@@ -143,10 +150,6 @@ class Speculation:
         source = params.source or self.default_source
         call = Call(params, context, session, accepted, num_previous, acceptance, 0, track, source)
         call.hindsight, call.rows = judged, rows
-        if (
-            session is not None and params.prefix_len is not None
-        ):  # a rebuilt session's cache is the engine's guess
-            call.engine_len = session.engine_len
         # A suffix draft costs no decode steps: under "auto" it may run to the server's maximum.
         max_suffix = min(self.max_draft_tokens, room) if k == AUTO else k
         if source != MODEL:
@@ -157,18 +160,15 @@ class Speculation:
                 lead = NO_DRAFT
             probs = scaled_probs(lead, track)
             # In a batch the rows probe together (Speculation.together), never each at its own time.
-            probe = None if rows == 1 else False
+            probe, model = (None if rows == 1 else False), source != SUFFIX
             if rows > 1:
                 call.backlog = backlog(len(context), call.engine_len, num_previous)
-            plan = self.policy.plan(
-                acceptance, load, room, probs, source != SUFFIX, rows, probe, call.backlog
-            )
+            plan = self.policy.plan(acceptance, load, room, probs, model, rows, probe, call.backlog)
             length, call.num_draft_tokens = plan
             call.head = lead.cut(length)
             if rows > 1:
                 call.expected = self.policy.expected_tokens(acceptance, probs, length, call.num_draft_tokens)
                 if self.batch_probe.due:
-                    model = source != SUFFIX
                     length, k = self.policy.plan(
                         acceptance, load, room, probs, model, rows, True, call.backlog
                     )

@@ -83,7 +83,7 @@ def simulate(
                 np.asarray(new), asked[row], session=f"row{row}", source=MODEL,
                 **({"prefix_len": prefix_len, "session_token": token} if token else {}),
             )  # fmt: skip
-            calls.append(spec.prepare(params, IDLE, rows if shared else 1))
+            calls.append(spec.prepare(params, IDLE, rows if shared else None))
         if shared:
             spec.together(calls, IDLE)
         ks = [call.num_draft_tokens for call in calls]
@@ -134,6 +134,30 @@ def test_rows_weigh_the_prefill_a_draft_after_none_costs_and_a_new_requests_prom
     )
     plain, _ = simulate(told(rows), 0, p, rows, rounds=120, prompt=300, prefill_ms=PREFILL_TOKEN_MS)
     assert blind > 1.05 * plain and auto <= 1.05 * plain, (blind, auto, plain)
+
+
+@pytest.mark.parametrize("p", [0.7, 0.95])
+def test_a_batch_probe_pays_for_its_rows_whole_backlog_at_once(p, rows=4):
+    """Under a loaded vLLM on the real pair, each probe prefilled every row's prompt and all since (8 rows:
+    one 9 s batch of ours in a 41 s run) and drafting did not go on after it: spread over the rounds that
+    drafting would go on for, the backlog looked cheap, yet a probe that brings no drafting back pays it
+    all. Charged at once, no probe is made where its rows' prefill outweighs even drafts all kept."""
+    auto, history = simulate(
+        told(rows, PREFILL_TOKEN_MS), AUTO, p, rows, rounds=64, prompt=100, prefill_ms=PREFILL_TOKEN_MS
+    )
+    plain, _ = simulate(told(rows), 0, p, rows, rounds=64, prompt=100, prefill_ms=PREFILL_TOKEN_MS)
+    assert auto <= 1.05 * plain, (auto, plain, [i for i, ks in enumerate(history) if any(ks)])
+
+
+def test_the_last_row_of_a_batching_target_weighs_its_backlog_as_batches_do():
+    """A one-row /draft/batch request (a batching target's last request, the others done) is still a row of
+    a batch: it probes with the batch, weighing everything since it last drafted. Probing on its own wait as
+    a /draft call does, it prefilled its whole context at each probe."""
+    low = dict(p=0.05, rows=1, rounds=120, prompt=300, prefill_ms=PREFILL_TOKEN_MS)
+    as_call, _ = simulate(told(1, PREFILL_TOKEN_MS), AUTO, shared=False, **low)
+    as_row, _ = simulate(told(1, PREFILL_TOKEN_MS), AUTO, **low)
+    plain, _ = simulate(told(1), 0, **low)
+    assert as_call > 1.05 * plain and as_row <= 1.05 * plain, (as_call, as_row, plain)
 
 
 def test_rows_weighed_as_if_each_were_alone_draft_where_the_batch_loses():

@@ -8,8 +8,12 @@ beat the same rows without drafts (`pays_together`). Weighed as if alone, each r
 a whole plain step, and a batch of 4-8 rows drafted at 0.5-0.65x the speed of no speculation.
 
 Rows answered none probe together (`BatchProbe`): one draft batch of ours, where each row's own probe, due
-at its own time, made nearly every pass wait for one. And only where drafts all kept could pay: where even
-they would not (our batch too slow next to the target's pass, as on a CPU), a probe could only cost.
+at its own time, made nearly every pass wait for one. And only where drafts all kept could pay, their rows'
+whole backlog paid in that one pass: where even they would not (our batch too slow next to the target's
+pass, as on a CPU), a probe could only cost. A plan spreads a backlog over the rounds that drafting goes on
+for; a probe may bring no drafting back and then pays it all: under vLLM on the real pair, probes whose
+backlogs looked cheap spread out each prefilled every row's prompt and all since (one 9 s batch of ours in
+a 41 s run of 8 rows), drafting stopped after each, and the target ran at 0.73-0.82x.
 """
 
 from __future__ import annotations
@@ -17,10 +21,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from drafter.sessions.draft_length import MAX_PROBE_EVERY, PROBE_EVERY, DraftLengthPolicy, Load
+from drafter.sessions.draft_length import (
+    BACKLOG_ROUNDS,
+    MAX_PROBE_EVERY,
+    PROBE_EVERY,
+    DraftLengthPolicy,
+    Load,
+)
 from drafter.sessions.suffix_drafts import NO_DRAFT
 
-BACKLOG_ROUNDS = 16  # rounds a backlog's prefill is spread over: what drafting must go on for, to repay it
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +39,7 @@ class RowDraft:
     expected: float  # 1 + E[accepted]: the target's tokens from this row's round
     verified: int  # the drafts the target verifies (a suffix lead and model drafts)
     model: int  # of them, model drafts: the steps our batch runs
-    backlog: float = 0.0  # tokens it would prefill beyond its round's, per round (`backlog`)
+    backlog: float = 0.0  # tokens it would prefill beyond its round's, charged to this round (`backlog`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +63,13 @@ class BatchProbe:
         return BatchProbe(0, min(2 * self.wait, MAX_PROBE_EVERY))
 
 
-def backlog(context_len: int, engine_len: int, num_previous_drafts: int) -> float:
+def backlog(context_len: int, engine_len: int, num_previous_drafts: int) -> int:
     """The tokens a row's draft would prefill beyond what a row drafting every round brings (its last drafts
-    and the target's token), spread over BACKLOG_ROUNDS rounds: a row that answered none for a while, or a
-    new request's prompt, makes our batch prefill everything since (on a CPU, 13-26 ms a token for the real
-    pair's drafter: a whole prompt or a probe after 8 passes of 8 rows took seconds, and a loaded vLLM ran at
-    0.64-0.87x without drafting more than a few rows). Paid once, it is worth it only if drafting goes on."""
-    return max(0, context_len - engine_len - 1 - num_previous_drafts) / BACKLOG_ROUNDS
+    and the target's token): a row that answered none for a while, or a new request's prompt, makes our
+    batch prefill everything since (on a CPU, 13-26 ms a token for the real pair's drafter: a whole prompt or
+    a probe after 8 passes of 8 rows took seconds, and a loaded vLLM ran at 0.64-0.87x without drafting more
+    than a few rows). Paid once, it is worth it only if drafting goes on."""
+    return max(0, context_len - engine_len - 1 - num_previous_drafts)
 
 
 def pays_together(policy: DraftLengthPolicy, rows: Sequence[RowDraft], load: Load) -> bool:
@@ -82,7 +91,10 @@ def plan_together(calls: list, policy: DraftLengthPolicy, probe: BatchProbe, loa
     drafts each planned, answer none, or probe together; the batch's probe state after."""
     rows = [
         RowDraft(
-            call.expected, len(call.head.tokens) + call.num_draft_tokens, call.num_draft_tokens, call.backlog
+            call.expected,
+            len(call.head.tokens) + call.num_draft_tokens,
+            call.num_draft_tokens,
+            call.backlog / BACKLOG_ROUNDS,
         )
         for call in calls
     ]

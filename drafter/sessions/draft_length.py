@@ -59,6 +59,7 @@ STEP_WEIGHT = 0.05  # of each batch's decode ms per step in the running step cos
 DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
 PROBE_EVERY = 8  # calls answered 0 drafts (by acceptance) before a session's next call drafts to learn
 MAX_PROBE_EVERY = 64  # the wait doubles after each probe that did not bring drafting back, up to this
+BACKLOG_ROUNDS = 16  # rounds a plan spreads a backlog's prefill over: what drafting must go on for, to repay it
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,8 @@ class DraftLengthPolicy:
         calls of one /draft/batch request, rows of one pass of the target and one engine batch of ours; each
         weighs its tokens against its share of both (see "Why rows share" above). `probe`: whether the model
         drafts at least one; None: as the session's own wait for a probe says. `backlog`: in a batch, the
-        tokens a draft would prefill beyond its round's, per round (drafter.sessions.batch_rows.backlog)."""
+        tokens a draft would prefill beyond its round's (drafter.sessions.batch_rows.backlog), spread over
+        BACKLOG_ROUNDS rounds."""
         limit = min(self.max_draft_tokens, room)
         if limit < 1:
             return 0, 0
@@ -196,7 +198,8 @@ class DraftLengthPolicy:
         model_expected = np.concatenate(([0.0], np.cumsum(np.full(limit, acceptance.p).cumprod())))[None, :]
         round_ms = self.target.round_ms(lead + ks, rows) + self.draft_ms(ks, load, rows) / rows
         if backlog:
-            round_ms = round_ms + np.where(ks > 0, backlog * self.prefill_token_ms(rows), 0.0)
+            spread = backlog / BACKLOG_ROUNDS * self.prefill_token_ms(rows)
+            round_ms = round_ms + np.where(ks > 0, spread, 0.0)
         rate = (1.0 + head_expected + reach * model_expected) / round_ms
         rate = np.where(usable, rate, -np.inf)
         best_lead, best_k = np.unravel_index(int(np.argmax(rate)), rate.shape)  # the shortest among equals

@@ -55,7 +55,7 @@ class Call:
     rows: int = 1  # the calls of its /draft/batch request: rows of one pass of the target
     expected: float = 1.0  # under "auto" in a batch: 1 + E[accepted] of the planned draft
     probe_plan: tuple[SuffixDraft, int] | None = None  # in a batch due for a probe: (head, k) with k >= 1
-    backlog: float = 0.0  # in a batch: tokens a draft would prefill beyond its round's, per round amortized
+    backlog: int = 0  # in a batch: tokens a draft would prefill beyond its round's
     pass_drafts: int | None = None  # the drafts sent to all of them (None: this call's own)
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
 
@@ -111,9 +111,10 @@ class Speculation:
         self.tally = AcceptanceTally(metrics, max_draft_tokens)
         metrics.sessions_live.set_function(lambda: len(self.sessions))
 
-    def prepare(self, params: DraftParams, load: Load, rows: int = 1) -> Call:
+    def prepare(self, params: DraftParams, load: Load, rows: int | None = None) -> Call:
         """The call's context, feedback and plan; `rows`: the calls of its /draft/batch request (the load is
-        what else the engine has, not those rows)."""
+        what else the engine has, not those rows), None for a /draft call. A batch of one row is still a
+        batch: a batching target's last row after the others ended, whose backlog a probe must weigh."""
         session, known_equal = None, 0
         if params.prefix_len is not None:
             new_tokens = params.tokens  # O(new tokens)
@@ -149,7 +150,7 @@ class Speculation:
         k = params.num_draft_tokens
         source = params.source or self.default_source
         call = Call(params, context, session, accepted, num_previous, acceptance, 0, track, source)
-        call.hindsight, call.rows = judged, rows
+        call.hindsight, call.rows = judged, rows or 1
         # A suffix draft costs no decode steps: under "auto" it may run to the server's maximum.
         max_suffix = min(self.max_draft_tokens, room) if k == AUTO else k
         if source != MODEL:
@@ -160,17 +161,17 @@ class Speculation:
                 lead = NO_DRAFT
             probs = scaled_probs(lead, track)
             # In a batch the rows probe together (Speculation.together), never each at its own time.
-            probe, model = (None if rows == 1 else False), source != SUFFIX
-            if rows > 1:
+            probe, model = (None if rows is None else False), source != SUFFIX
+            if rows is not None:
                 call.backlog = backlog(len(context), call.engine_len, num_previous)
-            plan = self.policy.plan(acceptance, load, room, probs, model, rows, probe, call.backlog)
+            plan = self.policy.plan(acceptance, load, room, probs, model, call.rows, probe, call.backlog)
             length, call.num_draft_tokens = plan
             call.head = lead.cut(length)
-            if rows > 1:
+            if rows is not None:
                 call.expected = self.policy.expected_tokens(acceptance, probs, length, call.num_draft_tokens)
                 if self.batch_probe.due:
                     length, k = self.policy.plan(
-                        acceptance, load, room, probs, model, rows, True, call.backlog
+                        acceptance, load, room, probs, model, call.rows, True, call.backlog
                     )
                     call.probe_plan = lead.cut(length), k
         elif source == SUFFIX:
@@ -186,7 +187,7 @@ class Speculation:
         """The rows of one /draft/batch request (prepared with `rows`): its `"auto"` rows draft as planned,
         none, or probe together (drafter.sessions.batch_rows). Rows at a fixed k draft as asked."""
         autos = [call for call in calls if call.params.num_draft_tokens == AUTO]  # a fixed k is the client's
-        if len(calls) > 1 and autos:
+        if autos:
             self.batch_probe = plan_together(autos, self.policy, self.batch_probe, load)
 
     def look_up(self, params: DraftParams, context, max_tokens: int) -> tuple[SuffixDraft, float]:

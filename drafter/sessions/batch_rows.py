@@ -31,7 +31,6 @@ from drafter.sessions.draft_length import (
 from drafter.sessions.suffix_drafts import NO_DRAFT
 
 
-
 @dataclass(frozen=True, slots=True)
 class RowDraft:
     """One row's planned draft, as `pays_together` weighs it."""

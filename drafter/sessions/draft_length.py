@@ -59,7 +59,9 @@ STEP_WEIGHT = 0.05  # of each batch's decode ms per step in the running step cos
 DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
 PROBE_EVERY = 8  # calls answered 0 drafts (by acceptance) before a session's next call drafts to learn
 MAX_PROBE_EVERY = 64  # the wait doubles after each probe that did not bring drafting back, up to this
-BACKLOG_ROUNDS = 16  # rounds a plan spreads a backlog's prefill over: what drafting must go on for, to repay it
+BACKLOG_ROUNDS = (
+    16  # rounds a plan spreads a backlog's prefill over: what drafting must go on for, to repay it
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import pytest
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.server.metrics import Metrics
-from drafter.sessions.batch_rows import RowDraft, pays_together
+from drafter.sessions.batch_rows import INITIAL_RUN, DraftingRuns, RowDraft, pays_together
 from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftCost, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import MODEL
 from drafter.sessions.speculation import Speculation
@@ -147,6 +147,31 @@ def test_a_batch_probe_pays_for_its_rows_whole_backlog_at_once(p, rows=4):
     )
     plain, _ = simulate(told(rows), 0, p, rows, rounds=64, prompt=100, prefill_ms=PREFILL_TOKEN_MS)
     assert auto <= 1.05 * plain, (auto, plain, [i for i, ks in enumerate(history) if any(ks)])
+
+
+def test_a_start_spreads_its_backlog_over_the_rounds_drafting_went_on_for_lately():
+    """Runs of drafting that ended after a round or two (a start that did not last) make the next start at
+    that size pay nearly its whole backlog; a size where no run ended yet, or runs went on, spreads it over
+    INITIAL_RUN rounds."""
+    runs = DraftingRuns()
+    assert runs.rounds(4) == INITIAL_RUN
+    for _ in range(12):
+        runs.ended(4, 1)
+    assert runs.rounds(4) < 1.5 and runs.rounds(8) < 1.5  # the nearest size seen
+    runs.ended(1, 40)
+    assert runs.rounds(1) == INITIAL_RUN and runs.describe()["1"] == INITIAL_RUN
+
+
+def test_rows_whose_drafts_pay_still_start_with_their_prompts_to_prefill(p=0.95, rows=2):
+    """Where drafting pays (2 rows at acceptance 0.95, which the server's estimate already says), the rows
+    start despite their prompts' prefill, go on drafting, and the target runs faster than without drafts."""
+    costs = dict(rounds=64, prompt=100, prefill_ms=PREFILL_TOKEN_MS)
+    policy = told(rows, PREFILL_TOKEN_MS)
+    spec = Speculation(SessionTable(64, 600, 8192), policy, Metrics(1), K, 8192)
+    spec.acceptance = Acceptance(accepted=19, rejected=1)
+    auto, history = simulate(policy, AUTO, p, rows, spec=spec, **costs)
+    plain, _ = simulate(told(rows), 0, p, rows, **costs)
+    assert auto < 0.95 * plain and sum(all(ks) for ks in history) > 32, (auto, plain)
 
 
 def test_the_last_row_of_a_batching_target_weighs_its_backlog_as_batches_do():

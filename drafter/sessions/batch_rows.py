@@ -21,14 +21,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from drafter.sessions.draft_length import (
-    BACKLOG_ROUNDS,
-    MAX_PROBE_EVERY,
-    PROBE_EVERY,
-    DraftLengthPolicy,
-    Load,
-)
+from drafter.sessions.draft_length import MAX_PROBE_EVERY, PROBE_EVERY, DraftLengthPolicy, Load
 from drafter.sessions.suffix_drafts import NO_DRAFT
+
+INITIAL_RUN = 16.0  # rounds a start is expected to draft for, before runs at that size have ended
+RUN_WEIGHT = 0.25  # of each ended run in the estimate
+
+
+class DraftingRuns:
+    """How many rounds in a row batch rows drafted, once started, by the rows of the pass where the run ended:
+    a decayed mean of ended runs (runs still going end later, or never: a lone row drafting to the end keeps
+    its size at INITIAL_RUN). A size with no ended run takes the nearest size's."""
+
+    def __init__(self):
+        self.by_rows: dict[int, float] = {}
+
+    def ended(self, rows: int, rounds: int) -> None:
+        mean = self.by_rows.get(rows, INITIAL_RUN)
+        self.by_rows[rows] = mean + RUN_WEIGHT * (min(rounds, INITIAL_RUN) - mean)
+
+    def rounds(self, rows: int) -> float:
+        if not self.by_rows:
+            return INITIAL_RUN
+        nearest = min(self.by_rows, key=lambda seen: (abs(seen - rows), seen))
+        return max(1.0, self.by_rows[nearest])
+
+    def describe(self) -> dict:
+        return {str(rows): round(mean, 2) for rows, mean in sorted(self.by_rows.items())}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +112,7 @@ def plan_together(calls: list, policy: DraftLengthPolicy, probe: BatchProbe, loa
             call.expected,
             len(call.head.tokens) + call.num_draft_tokens,
             call.num_draft_tokens,
-            call.backlog / BACKLOG_ROUNDS,
+            call.backlog / call.backlog_rounds,
         )
         for call in calls
     ]

@@ -59,9 +59,6 @@ STEP_WEIGHT = 0.05  # of each batch's decode ms per step in the running step cos
 DECAY = 0.5  # per round: evidence halves each round, so a change in acceptance shows within ~4-6 rounds
 PROBE_EVERY = 8  # calls answered 0 drafts (by acceptance) before a session's next call drafts to learn
 MAX_PROBE_EVERY = 64  # the wait doubles after each probe that did not bring drafting back, up to this
-BACKLOG_ROUNDS = (
-    16  # rounds a plan spreads a backlog's prefill over: what drafting must go on for, to repay it
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +69,7 @@ class Acceptance:
     rejected: float = (1 - PRIOR_ACCEPTANCE) * PRIOR_WEIGHT
     rounds_without_drafts: int = 0  # calls in a row answered 0 model drafts since the last verified one
     probe_every: int = PROBE_EVERY  # such calls before the next probe
+    rounds_drafting: int = 0  # verified model drafts in a row, up to the last call
 
     @property
     def p(self) -> float:
@@ -79,12 +77,18 @@ class Acceptance:
 
     def updated(self, num_drafted: int, num_accepted: int) -> Acceptance:
         if num_drafted == 0:  # nothing proposed, nothing learned: one more round towards a probe
-            return replace(self, rounds_without_drafts=self.rounds_without_drafts + 1)
+            return replace(self, rounds_without_drafts=self.rounds_without_drafts + 1, rounds_drafting=0)
         rejected = 1.0 if num_accepted < num_drafted else 0.0
         # Drafts after a wait were a probe: the next wait is twice as long; drafting resumed resets it.
         probed = self.rounds_without_drafts >= self.probe_every
         wait = min(2 * self.probe_every, MAX_PROBE_EVERY) if probed else PROBE_EVERY
-        return Acceptance(DECAY * self.accepted + num_accepted, DECAY * self.rejected + rejected, 0, wait)
+        return Acceptance(
+            DECAY * self.accepted + num_accepted,
+            DECAY * self.rejected + rejected,
+            0,
+            wait,
+            self.rounds_drafting + 1,
+        )
 
 
 class DraftLengthConfigError(ValueError):
@@ -179,8 +183,8 @@ class DraftLengthPolicy:
         calls of one /draft/batch request, rows of one pass of the target and one engine batch of ours; each
         weighs its tokens against its share of both (see "Why rows share" above). `probe`: whether the model
         drafts at least one; None: as the session's own wait for a probe says. `backlog`: in a batch, the
-        tokens a draft would prefill beyond its round's (drafter.sessions.batch_rows.backlog), spread over
-        BACKLOG_ROUNDS rounds."""
+        tokens a draft would prefill beyond its round's, charged to this round (spread over the rounds
+        drafting is expected to go on for: drafter.sessions.batch_rows)."""
         limit = min(self.max_draft_tokens, room)
         if limit < 1:
             return 0, 0
@@ -200,8 +204,7 @@ class DraftLengthPolicy:
         model_expected = np.concatenate(([0.0], np.cumsum(np.full(limit, acceptance.p).cumprod())))[None, :]
         round_ms = self.target.round_ms(lead + ks, rows) + self.draft_ms(ks, load, rows) / rows
         if backlog:
-            spread = backlog / BACKLOG_ROUNDS * self.prefill_token_ms(rows)
-            round_ms = round_ms + np.where(ks > 0, spread, 0.0)
+            round_ms = round_ms + np.where(ks > 0, backlog * self.prefill_token_ms(rows), 0.0)
         rate = (1.0 + head_expected + reach * model_expected) / round_ms
         rate = np.where(usable, rate, -np.inf)
         best_lead, best_k = np.unravel_index(int(np.argmax(rate)), rate.shape)  # the shortest among equals

@@ -19,7 +19,7 @@ import numpy as np
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.reporting import SpeculationMetrics
-from drafter.sessions.batch_rows import BatchProbe, backlog, plan_together
+from drafter.sessions.batch_rows import BatchProbe, DraftingRuns, backlog, plan_together
 from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import (
     HYBRID,
@@ -56,6 +56,7 @@ class Call:
     expected: float = 1.0  # under "auto" in a batch: 1 + E[accepted] of the planned draft
     probe_plan: tuple[SuffixDraft, int] | None = None  # in a batch due for a probe: (head, k) with k >= 1
     backlog: int = 0  # in a batch: tokens a draft would prefill beyond its round's
+    backlog_rounds: float = 1.0  # in a batch: the rounds a plan spreads them over (DraftingRuns)
     pass_drafts: int | None = None  # the drafts sent to all of them (None: this call's own)
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
 
@@ -107,6 +108,7 @@ class Speculation:
         # so many short conversations where drafting does not pay do not each pay for the early probes.
         self.probe_every = PROBE_EVERY
         self.batch_probe = BatchProbe()  # the rows of /draft/batch requests probe together
+        self.drafting_runs = DraftingRuns()  # how long drafting goes on once started, by rows of the pass
         self.suffix_track = SuffixTrack()
         self.tally = AcceptanceTally(metrics, max_draft_tokens)
         metrics.sessions_live.set_function(lambda: len(self.sessions))
@@ -131,7 +133,9 @@ class Speculation:
         accepted = None if session is None else accepted_drafts(session, context, known_equal)
         num_previous = 0 if session is None else len(session.drafts)
         if session is None:
-            acceptance = replace(self.acceptance, rounds_without_drafts=0, probe_every=self.probe_every)
+            acceptance = replace(
+                self.acceptance, rounds_without_drafts=0, probe_every=self.probe_every, rounds_drafting=0
+            )
         else:
             acceptance = session.acceptance
         track = self.suffix_track if session is None else session.suffix_track
@@ -162,16 +166,19 @@ class Speculation:
             probs = scaled_probs(lead, track)
             # In a batch the rows probe together (Speculation.together), never each at its own time.
             probe, model = (None if rows is None else False), source != SUFFIX
+            spread = 0.0
             if rows is not None:
                 call.backlog = backlog(len(context), call.engine_len, num_previous)
-            plan = self.policy.plan(acceptance, load, room, probs, model, call.rows, probe, call.backlog)
+                call.backlog_rounds = self.drafting_runs.rounds(rows)
+                spread = call.backlog / call.backlog_rounds
+            plan = self.policy.plan(acceptance, load, room, probs, model, call.rows, probe, spread)
             length, call.num_draft_tokens = plan
             call.head = lead.cut(length)
             if rows is not None:
                 call.expected = self.policy.expected_tokens(acceptance, probs, length, call.num_draft_tokens)
                 if self.batch_probe.due:
                     length, k = self.policy.plan(
-                        acceptance, load, room, probs, model, call.rows, True, call.backlog
+                        acceptance, load, room, probs, model, call.rows, True, spread
                     )
                     call.probe_plan = lead.cut(length), k
         elif source == SUFFIX:
@@ -203,6 +210,8 @@ class Speculation:
         part was verified only if the whole suffix head before it was kept."""
         head_len, num_model = session.head_len, len(session.drafts) - session.head_len
         if num_model == 0:  # answered no model drafts: a round towards auto's probe
+            if acceptance.rounds_drafting:  # and that answer ended a run of drafting rounds
+                self.drafting_runs.ended(session.pass_rows, acceptance.rounds_drafting)
             return acceptance.updated(0, 0)
         if accepted >= head_len:
             acceptance = acceptance.updated(num_model, accepted - head_len)
@@ -293,6 +302,8 @@ class Speculation:
         return {
             **self.tally.describe(),
             "server_acceptance_estimate": round(self.acceptance.p, 4),
+            # /draft/batch rows: rounds drafting went on for once started, by the rows of the pass it ended in
+            "batch_drafting_runs": self.drafting_runs.describe(),
             "default_source": self.default_source,
             "suffix_min_score": self.suffix_min_score,
             "suffix_index": self.suffix.describe() if self.suffix is not None else None,

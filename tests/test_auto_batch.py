@@ -14,7 +14,7 @@ import pytest
 
 from drafter.draft_params import AUTO, DraftParams
 from drafter.server.metrics import Metrics
-from drafter.sessions.batch_rows import INITIAL_RUN, DraftingRuns, RowDraft, pays_together
+from drafter.sessions.batch_rows import LONE_RUN, DraftingRuns, RowDraft, pays_together
 from drafter.sessions.draft_length import PROBE_EVERY, Acceptance, DraftCost, DraftLengthPolicy, Load
 from drafter.sessions.draft_source import MODEL
 from drafter.sessions.speculation import Speculation
@@ -151,15 +151,15 @@ def test_a_batch_probe_pays_for_its_rows_whole_backlog_at_once(p, rows=4):
 
 def test_a_start_spreads_its_backlog_over_the_rounds_drafting_went_on_for_lately():
     """Runs of drafting that ended after a round or two (a start that did not last) make the next start at
-    that size pay nearly its whole backlog; a size where no run ended yet, or runs went on, spreads it over
-    INITIAL_RUN rounds."""
+    that size pay nearly its whole backlog; before a run at a size ended, a start spreads it over LONE_RUN
+    rounds over the rows (a lone row's run is the longest), and a lone row drafting to its end keeps it."""
     runs = DraftingRuns()
-    assert runs.rounds(4) == INITIAL_RUN
+    assert runs.rounds(1) == LONE_RUN and runs.rounds(4) == LONE_RUN / 4 and runs.rounds(32) == 1.0
     for _ in range(12):
-        runs.ended(4, 1)
-    assert runs.rounds(4) < 1.5 and runs.rounds(8) < 1.5  # the nearest size seen
+        runs.ended(2, 1)
+    assert runs.rounds(2) < 1.5 and runs.rounds(4) == LONE_RUN / 4  # sizes apart
     runs.ended(1, 40)
-    assert runs.rounds(1) == INITIAL_RUN and runs.describe()["1"] == INITIAL_RUN
+    assert runs.rounds(1) == LONE_RUN and runs.describe()["1"] == LONE_RUN
 
 
 def test_rows_whose_drafts_pay_still_start_with_their_prompts_to_prefill(p=0.95, rows=2):

@@ -194,3 +194,36 @@ def test_a_request_waiting_to_run_inline_when_the_server_stops_fails_as_the_queu
         assert sizes == []
 
     asyncio.run(run())
+
+
+def test_a_yielding_background_job_stops_for_one_queued_after_it_and_that_one_runs_next(engine):
+    """Online adaptation's cycle yields to drafting ahead: a branch answers the next call in milliseconds,
+    and queued behind a cycle that ran until a real request came, it was not ready when that call came."""
+
+    async def run():
+        batcher, _, _ = batcher_for(engine.draft_batch)
+        started, order = threading.Event(), []
+        done = asyncio.get_running_loop().create_future()
+
+        def cycle(stop):
+            started.set()
+            while not stop():  # a training step per turn, until told to stop
+                threading.Event().wait(0.005)
+            return "yielded"
+
+        def ahead(stop):
+            return "ahead"
+
+        def finished(result, error):
+            order.append(result)
+            if len(order) == 2:
+                done.set_result(None)
+
+        batcher.run_in_background("\0cycle", cycle, finished, yields=True)
+        await asyncio.to_thread(started.wait, 10)
+        assert batcher.background_running
+        batcher.run_in_background("session", ahead, finished)
+        await asyncio.wait_for(done, 10)
+        assert order == ["yielded", "ahead"] and batcher.background_ended > 0
+
+    asyncio.run(run())

@@ -66,8 +66,9 @@ class Batcher:
         self.failure: BaseException | None = None
         self.stopped = False
         # Background jobs by key (a session: a newer job replaces its older one), oldest first.
-        self.background: dict[str, tuple[Callable, Callable]] = {}
+        self.background: dict[str, tuple[Callable, Callable, bool]] = {}
         self.background_running = False
+        self.background_ended = 0.0  # event-loop time the last background job ended
 
     async def stop(self) -> None:
         self.stopped = True
@@ -118,12 +119,13 @@ class Batcher:
         self.metrics.queue_depth.set(len(self.waiting))
         return True
 
-    def run_in_background(self, key: str, job: Callable, done: Callable) -> None:
+    def run_in_background(self, key: str, job: Callable, done: Callable, yields: bool = False) -> None:
         """Run `job(stop)` on the engine thread once it idles with no real work; `stop()` turns true when
-        a real request is waiting or on its way. `done(result, error)` runs on this loop; a job still
-        queued when a newer one with its key comes is dropped unrun."""
+        a real request is waiting or on its way, and for a job that `yields`, also when another background
+        job is queued. `done(result, error)` runs on this loop; a job still queued when a newer one with its
+        key comes is dropped unrun."""
         self.background.pop(key, None)
-        self.background[key] = (job, done)
+        self.background[key] = (job, done, yields)
         self.pump()
 
     def cancel_background(self, key: str) -> None:
@@ -132,6 +134,10 @@ class Batcher:
     def real_work_pending(self) -> bool:
         """Read from the engine thread between decode steps: plain reads, safe without a lock."""
         return bool(self.waiting or self.arriving or self.holding or self.alone or self.stopped)
+
+    def real_work_or_background_pending(self) -> bool:
+        """As `real_work_pending`, or another background job is queued (read the same way)."""
+        return self.real_work_pending() or bool(self.background)
 
     def pump(self, window_over: bool = False) -> None:
         """Start the next batch if the engine is idle and the queue is ready: the batch is full, nobody
@@ -167,11 +173,12 @@ class Batcher:
 
     def start_background(self) -> None:
         key = next(iter(self.background))
-        job, done = self.background.pop(key)
+        job, done, yields = self.background.pop(key)
         self.background_running = True
 
         def finished(result, error: BaseException | None) -> None:
             self.background_running = False
+            self.background_ended = asyncio.get_running_loop().time()
             if error is not None and not isinstance(error, DraftError):
                 self.failure = error  # the device failed: as if a batch had
                 self.on_engine_failure(error)
@@ -179,7 +186,8 @@ class Batcher:
             done(result, error)
             self.pump()
 
-        self.engine_thread.post(finished, job, self.real_work_pending)
+        stop = self.real_work_or_background_pending if yields else self.real_work_pending
+        self.engine_thread.post(finished, job, stop)
 
     def end_window(self) -> None:
         self.timer = None

@@ -135,10 +135,6 @@ class Batcher:
         """Read from the engine thread between decode steps: plain reads, safe without a lock."""
         return bool(self.waiting or self.arriving or self.holding or self.alone or self.stopped)
 
-    def real_work_or_background_pending(self) -> bool:
-        """As `real_work_pending`, or another background job is queued (read the same way)."""
-        return self.real_work_pending() or bool(self.background)
-
     def pump(self, window_over: bool = False) -> None:
         """Start the next batch if the engine is idle and the queue is ready: the batch is full, nobody
         else is on the way, or the first request has waited `window_s`; with nothing to draft, background
@@ -186,7 +182,9 @@ class Batcher:
             done(result, error)
             self.pump()
 
-        stop = self.real_work_or_background_pending if yields else self.real_work_pending
+        stop = (
+            (lambda: self.real_work_pending() or bool(self.background)) if yields else self.real_work_pending
+        )
         self.engine_thread.post(finished, job, stop)
 
     def end_window(self) -> None:

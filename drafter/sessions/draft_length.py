@@ -75,6 +75,10 @@ class Acceptance:
     def p(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
+    def fresh(self, probe_every: int) -> Acceptance:
+        """Where a new session starts: this estimate, no rounds counted yet, the given wait for a probe."""
+        return replace(self, rounds_without_drafts=0, probe_every=probe_every, rounds_drafting=0)
+
     def updated(self, num_drafted: int, num_accepted: int) -> Acceptance:
         if num_drafted == 0:  # nothing proposed, nothing learned: one more round towards a probe
             return replace(self, rounds_without_drafts=self.rounds_without_drafts + 1, rounds_drafting=0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class Call:
     expected: float = 1.0  # under "auto" in a batch: 1 + E[accepted] of the planned draft
     probe_plan: tuple[SuffixDraft, int] | None = None  # in a batch due for a probe: (head, k) with k >= 1
     backlog: int = 0  # in a batch: tokens a draft would prefill beyond its round's
-    backlog_rounds: float = 1.0  # in a batch: the rounds a plan spreads them over (DraftingRuns)
+    spread: float = 0.0  # of them, what a plan charges this round (over DraftingRuns' rounds)
     pass_drafts: int | None = None  # the drafts sent to all of them (None: this call's own)
     receive_ms: float = 0.0  # CPU time spent reading its body, for Server-Timing
 
@@ -132,12 +132,7 @@ class Speculation:
             context = params.tokens
         accepted = None if session is None else accepted_drafts(session, context, known_equal)
         num_previous = 0 if session is None else len(session.drafts)
-        if session is None:
-            acceptance = replace(
-                self.acceptance, rounds_without_drafts=0, probe_every=self.probe_every, rounds_drafting=0
-            )
-        else:
-            acceptance = session.acceptance
+        acceptance = self.acceptance.fresh(self.probe_every) if session is None else session.acceptance
         track = self.suffix_track if session is None else session.suffix_track
         judged = None
         if accepted is not None:
@@ -166,19 +161,17 @@ class Speculation:
             probs = scaled_probs(lead, track)
             # In a batch the rows probe together (Speculation.together), never each at its own time.
             probe, model = (None if rows is None else False), source != SUFFIX
-            spread = 0.0
             if rows is not None:
                 call.backlog = backlog(len(context), call.engine_len, num_previous)
-                call.backlog_rounds = self.drafting_runs.rounds(rows)
-                spread = call.backlog / call.backlog_rounds
-            plan = self.policy.plan(acceptance, load, room, probs, model, call.rows, probe, spread)
+                call.spread = call.backlog / self.drafting_runs.rounds(rows)
+            plan = self.policy.plan(acceptance, load, room, probs, model, call.rows, probe, call.spread)
             length, call.num_draft_tokens = plan
             call.head = lead.cut(length)
             if rows is not None:
                 call.expected = self.policy.expected_tokens(acceptance, probs, length, call.num_draft_tokens)
                 if self.batch_probe.due:
                     length, k = self.policy.plan(
-                        acceptance, load, room, probs, model, call.rows, True, spread
+                        acceptance, load, room, probs, model, call.rows, True, call.spread
                     )
                     call.probe_plan = lead.cut(length), k
         elif source == SUFFIX:
@@ -302,8 +295,7 @@ class Speculation:
         return {
             **self.tally.describe(),
             "server_acceptance_estimate": round(self.acceptance.p, 4),
-            # /draft/batch rows: rounds drafting went on for once started, by the rows of the pass it ended in
-            "batch_drafting_runs": self.drafting_runs.describe(),
+            "batch_drafting_runs": self.drafting_runs.describe(),  # rounds drafting went on, by rows
             "default_source": self.default_source,
             "suffix_min_score": self.suffix_min_score,
             "suffix_index": self.suffix.describe() if self.suffix is not None else None,

@@ -67,6 +67,7 @@ from drafter.sessions.draft_source import MODEL
 TRAINER_COUNTERS = (
     "training_steps",
     "training_seconds",
+    "making_seconds",
     "scoring_seconds",
     "swaps",
     "rollbacks",

@@ -79,7 +79,9 @@ def costs(rows: list[dict], think_s: float) -> dict:
         "in_think_times": total,
         "training_step_ms": 1e3 * total["training_seconds"] / steps if steps else None,
         "swap_ms": 1e3 * total["swap_seconds"] / swaps if swaps else None,
-        "trainer_seconds": total["training_seconds"] + total["scoring_seconds"] + total["swap_seconds"],
+        "trainer_seconds": sum(
+            total[key] for key in ("training_seconds", "making_seconds", "scoring_seconds", "swap_seconds")
+        ),
         "think_seconds": think_s * len(rows),
         "first_call_ms": first_calls(rows),
         "call_ms": {

@@ -11,6 +11,7 @@ weights made: `--model` serves it, and transformers (with compressed-tensors for
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -37,25 +38,35 @@ def served_tensors(
     `quantization` is the engine's ("none", "fp8-weight-only", "fp8-dynamic"), `dtype` the unquantized
     served dtype, `tied` whether lm_head is the embedding (then it is not stored), `weight_scales` the FP8
     scales' grain ("tensor" or "channel", as the served checkpoint's)."""
+    return dict(served_items(state.items(), quantization, dtype, tied, weight_scales))
+
+
+def served_items(
+    items: Iterable[tuple[str, torch.Tensor]],
+    quantization: str,
+    dtype: torch.dtype,
+    tied: bool,
+    weight_scales: str = "tensor",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`served_tensors` one tensor at a time, as `items` come (a weight, then its scale): a server makes a
+    version in pieces, a request able to come between two (drafter/adaptation/cycle.py)."""
     if quantization != "none" and quantization not in EXPORT_MODES:
         raise ValueError(f"unknown quantization {quantization!r}")
     if quantization != "none":
         from export.quantize import quantize_weight
 
-    tensors = {}
-    for name, tensor in state.items():
+    for name, tensor in items:
         if tied and name == "lm_head.weight":
             continue
         tensor = tensor.detach().cpu()
         if quantization == "none":
-            tensors[name] = tensor.to(dtype).contiguous()
+            yield name, tensor.to(dtype).contiguous()
         elif name.startswith("model.layers.") and name.endswith(QUANTIZED_SUFFIXES):
-            tensors[name], tensors[name + "_scale"] = quantize_weight(
-                tensor.to(torch.bfloat16), weight_scales
-            )
+            weight, scale = quantize_weight(tensor.to(torch.bfloat16), weight_scales)
+            yield name, weight
+            yield name + "_scale", scale
         else:
-            tensors[name] = tensor.to(torch.bfloat16).contiguous()
-    return tensors
+            yield name, tensor.to(torch.bfloat16).contiguous()
 
 
 def version_config(
@@ -89,10 +100,13 @@ def write_version(directory: str | Path, tensors: dict[str, torch.Tensor], confi
 def dense_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A version's tensors as transformers' unquantized fp32 state: each fp8 weight times its scale, exactly
     as the engine and compressed-tensors dequantize it (what the trainer starts from and the scorer runs)."""
-    state = {}
+    return dict(dense_items(tensors))
+
+
+def dense_items(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`dense_state` one tensor at a time."""
     for name, tensor in tensors.items():
         if name.endswith(".weight_scale"):
             continue
         scale = tensors.get(name + "_scale")
-        state[name] = tensor.float() if scale is None else dequantize(tensor, scale, torch.float32)
-    return state
+        yield name, tensor.float() if scale is None else dequantize(tensor, scale, torch.float32)

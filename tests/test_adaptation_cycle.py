@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from drafter.adaptation.buffer import TrafficBuffer
-from drafter.adaptation.cycle import Cycle
+from drafter.adaptation.cycle import SCORE, Cycle
 from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.weights import source_hf_config, source_tensors
 from engine.config import EngineConfig
@@ -221,6 +221,30 @@ def test_work_stops_for_a_request_between_steps_and_inside_one(pair, one_thread)
         assert cycle.counters.training_steps == 3
         assert all(torch.equal(before[name], tensor) for name, tensor in cycle.trainer.state().items())
     assert cycle.work(lambda: cycle.counters.training_steps >= 4) is None  # and it goes on from there
+
+
+def test_a_candidate_is_made_and_loaded_for_scoring_a_tensor_at_a_time_and_scores_as_if_made_whole(
+    pair, one_thread
+):
+    """Merging and quantizing a candidate, and loading a version into the scorer, took seconds on the real
+    drafter and a request could not cut them short: here a request comes after every tensor, and the round
+    still decides as one that nothing interrupted."""
+    target, directory, _ = pair
+    whole = cycle_for(Engine.load(str(directory), CONFIG), traffic(target), steps_per_candidate=2)
+    decision = run_until_decided(whole)
+    cycle = cycle_for(Engine.load(str(directory), CONFIG), traffic(target), steps_per_candidate=2)
+    assert cycle.work(lambda: cycle.phase == SCORE) is None  # trained; the candidate's making not begun
+    num_tensors = len(whole.live.tensors)
+    returns = 0
+    while cycle.making is not None or cycle.scorer_holds is not cycle.candidate:
+        stop, _ = stopping_at(2)  # the loop asks once, one piece of work, then it asks again
+        assert cycle.work(stop) is None
+        returns += 1
+        assert returns <= 3 * num_tensors
+    assert returns >= 2 * num_tensors  # each tensor made, then each loaded into the scorer: one a return
+    assert cycle.counters.making_s > 0 and cycle.counters.scoring_s > 0
+    assert run_until_decided(cycle) == decision
+    assert cycle.describe()["last_candidate"] == whole.describe()["last_candidate"]
 
 
 def test_a_round_is_work_to_do_from_before_its_first_step_until_its_decision(pair, one_thread):

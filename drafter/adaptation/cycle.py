@@ -11,8 +11,9 @@ the previous version's what it would have got, so the margin measures the weight
 
 `work(stop)` runs on the engine thread as background work (the server's drafter/server/adapt_work.py posts
 it only on an idle engine): it advances the cycle a step at a time (one optimizer step, or one example
-scored) and returns as soon as `stop()` says a request is waiting, keeping its place (a step or an example
-under way is cut short between two decoder layers, drafter/adaptation/preempt.py). The swap itself runs
+scored, or one tensor of a candidate being made or of a version being loaded into the scorer) and returns as
+soon as `stop()` says a request is waiting, keeping its place (a step or an example under way is cut short
+between two decoder layers, drafter/adaptation/preempt.py). The swap itself runs
 there too, between two engine batches, through `swap` (`Engine.swap_weights`). Everything a reader on the
 event loop sees (`describe`, the counters) is replaced by whole values or plain integers.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ from drafter.adaptation.preempt import Preempted, preemptible
 from drafter.adaptation.score import Score, agreement, replay
 from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.trainer import Trainer, hf_model
-from export.versions import dense_state, served_tensors
+from export.versions import dense_items, dense_state, served_items
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class Counters:
     rollbacks: int = 0
     training_steps: int = 0
     training_s: float = 0.0
+    making_s: float = 0.0  # candidates' making: the trainer's weights merged and quantized as served
     scoring_s: float = 0.0
     swap_s: float = 0.0  # swaps and rollbacks together: the engine thread's time in `swap`
     last_loss: float | None = None
@@ -100,6 +102,10 @@ class Cycle:
         self.phase, self.steps = TRAIN, 0
         self.tokens_at_round = 0  # the buffer's target tokens seen when the current round started
         self.candidate: Version | None = None
+        # Work done a tensor at a time (a candidate's making, the scorer's loading), so that a request waits
+        # for one tensor of it, not all: on the real 0.5B drafter a whole candidate took seconds, and first
+        # calls of conversations waited 3.7-8.7 s for it. (counter to time it into, its pieces)
+        self.making: tuple[str, Iterator[None]] | None = None
         self.pending: list[tuple[str, Example]] = []  # (side, held-out example) still to score, last first
         self.totals: dict[str, list[int]] = {}  # "candidate"/"live" -> [tokens, rounds, positions, agreed]
 
@@ -134,7 +140,9 @@ class Cycle:
             self.judgment_due, self.steps = False, 0
             self.start_scoring(JUDGMENT)
         while not stop():
-            if self.phase == TRAIN:
+            if self.making is not None:
+                self.advance_making()
+            elif self.phase == TRAIN:
                 examples = tuple(self.buffer.training)
                 if not examples:
                     return None
@@ -164,13 +172,8 @@ class Cycle:
         on all of it, or, to judge the live version, the one before it on what came after the swap."""
         self.contest = contest
         if contest == CANDIDATE:
-            state = self.trainer.state()
-            self.candidate = Version(
-                self.next_number,
-                served_tensors(state, self.quantization, self.dtype, self.tied, self.weight_scales),
-            )
-            del state
-            release_freed_memory()  # the merged weights and the quantization's temporaries: gigabytes
+            self.candidate = None
+            self.making = ("making_s", self.make_candidate())
         else:
             self.candidate = self.previous
         since = self.examples_at_swap if contest == JUDGMENT else 0
@@ -184,12 +187,37 @@ class Cycle:
         self.totals = {"candidate": [0, 0, 0, 0], "live": [0, 0, 0, 0]}
         self.phase = SCORE
 
+    def make_candidate(self) -> Iterator[None]:
+        """The trainer's weights as served (merged, quantized by the export's code), a tensor at a time; the
+        candidate is there once all are."""
+        tensors = {}
+        served = served_items(
+            self.trainer.tensors(), self.quantization, self.dtype, self.tied, self.weight_scales
+        )
+        for name, tensor in served:
+            tensors[name] = tensor
+            yield
+        self.candidate = Version(self.next_number, tensors)
+        release_freed_memory()  # the merged weights and the quantization's temporaries: gigabytes
+
+    def advance_making(self) -> None:
+        """One piece of the making under way, timed into its counter."""
+        counter, pieces = self.making
+        began = time.perf_counter()
+        if next(pieces, StopIteration) is StopIteration:
+            self.making = None
+        setattr(self.counters, counter, getattr(self.counters, counter) + time.perf_counter() - began)
+
     def score_next(self, stop: Callable[[], bool]) -> None:
         """Score the next held-out example with one side (the candidate's examples first, then the live's:
-        the scorer loads each version once a round); left for later if `stop()` turns true meanwhile."""
-        began = time.perf_counter()
+        the scorer loads each version once a round, a tensor at a time); left for later if `stop()` turns true
+        meanwhile."""
         side, example = self.pending[-1]
-        self.load_scorer(self.candidate if side == "candidate" else self.live)
+        version = self.candidate if side == "candidate" else self.live
+        if self.scorer_holds is not version:
+            self.making = ("scoring_s", self.load_scorer(version))
+            return
+        began = time.perf_counter()
         try:
             with preemptible(self.scorer, stop):
                 agree = agreement(self.scorer, example, stop)
@@ -203,12 +231,14 @@ class Cycle:
         for i, value in enumerate((tokens, rounds, len(agree), sum(agree))):
             total[i] += value
 
-    def load_scorer(self, version: Version) -> None:
-        if self.scorer_holds is version:
-            return
-        self.scorer.load_state_dict(dense_state(version.tensors), strict=False)
-        if self.tied:
-            self.scorer.tie_weights()
+    def load_scorer(self, version: Version) -> Iterator[None]:
+        """The scorer holds `version` once this is through (copied into its parameters, dequantized: a tied
+        lm_head is the embedding it shares)."""
+        self.scorer_holds = None  # part this version, part another, until the last tensor
+        for name, tensor in dense_items(version.tensors):
+            with torch.no_grad():  # not around the yield: the caller's grad mode is its own
+                self.scorer.get_parameter(name).copy_(tensor)
+            yield
         self.scorer_holds = version
 
     def decide(self) -> str:
@@ -285,6 +315,7 @@ class Cycle:
             "rollbacks": c.rollbacks,
             "training_steps": c.training_steps,
             "training_seconds": round(c.training_s, 3),
+            "making_seconds": round(c.making_s, 3),
             "scoring_seconds": round(c.scoring_s, 3),
             "swap_seconds": round(c.swap_s, 4),
             "last_loss": None if c.last_loss is None else round(c.last_loss, 4),

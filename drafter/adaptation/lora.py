@@ -4,11 +4,13 @@ for every version: the trainer's alternative to fine-tuning all weights (drafter
 Each of the seven linears of a layer gets `y = base(x) + (x Aᵀ) Bᵀ · alpha / rank`, A [rank, in] drawn small,
 B [out, rank] zero, so training starts exactly at the base weights. Only A and B train: their gradients and
 AdamW moments are rank × (in + out) per linear instead of in × out, and backward computes no gradient for a
-base weight. A version is the base weights with `B A · alpha / rank` added (`merged_state`), which the
+base weight. A version is the base weights with `B A · alpha / rank` added (`merged_tensors`), which the
 engine serves like any other weights.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -49,16 +51,15 @@ def add_adapters(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> li
     return trained
 
 
-def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """`model`'s weights with every adapter merged in, under transformers' own names (copies, on the CPU)."""
-    state = {}
+def merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`model`'s weights with every adapter merged in, under transformers' own names (copies, on the CPU),
+    one tensor at a time."""
     for name, module in model.named_modules():
         if isinstance(module, LoraLinear):
-            state[f"{name}.weight"] = module.merged_weight().detach().cpu()
+            yield f"{name}.weight", module.merged_weight().detach().cpu()
             if module.base.bias is not None:
-                state[f"{name}.bias"] = module.base.bias.detach().cpu().clone()
+                yield f"{name}.bias", module.base.bias.detach().cpu().clone()
     for name, tensor in model.state_dict().items():
         if ".lora_" in name or ".base." in name:
             continue
-        state[name] = tensor.detach().to("cpu", copy=True)
-    return state
+        yield name, tensor.detach().to("cpu", copy=True)

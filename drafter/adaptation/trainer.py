@@ -12,13 +12,13 @@ is abandoned between two decoder layers when a request arrives (drafter/adaptati
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from drafter.adaptation.buffer import Example
-from drafter.adaptation.lora import add_adapters, merged_state
+from drafter.adaptation.lora import add_adapters, merged_tensors
 from drafter.adaptation.preempt import Preempted, preemptible
 
 LOSS_CHUNK = 16  # target positions whose logits are computed at once (bench-cpu: ~0.1 s of lm_head each)
@@ -123,8 +123,12 @@ class Trainer:
 
     def state(self) -> dict[str, torch.Tensor]:
         """The master weights now, adapters merged (copies: training goes on)."""
+        return dict(self.tensors())
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`state()` one tensor at a time: a candidate is made in pieces a request can come between."""
         if self.adapter_rank:
-            return merged_state(self.model)
-        return {
-            name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()
-        }
+            yield from merged_tensors(self.model)
+            return
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach().to("cpu", copy=True)

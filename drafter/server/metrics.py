@@ -56,6 +56,7 @@ class AdaptationCollector:
             ),
             ("training_steps", "Optimizer steps of the trainer", c.training_steps),
             ("training_seconds", "Engine-thread time spent training", c.training_s),
+            ("making_seconds", "Engine-thread time spent making candidates (merged, quantized)", c.making_s),
             ("scoring_seconds", "Engine-thread time spent scoring candidates", c.scoring_s),
         ):
             yield CounterMetricFamily(f"drafter_adapt_{name}", text, value=value)

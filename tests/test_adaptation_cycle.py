@@ -117,19 +117,19 @@ def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
 ):
     """Qwen3 and Qwen2 (biases), unquantized and FP8 weight-only (the candidate quantized by the export's
     code, the saved version read back by compressed-tensors), every decoder weight trained or low-rank
-    adapters (`--adapt-rank`: their settings, the version their merged weights)."""
+    adapters (`--adapt-rank`: the version is their merged weights)."""
     target, directory, drafter = pairs(name, mode)
     engine = Engine.load(str(directory), CONFIG)
     quantization = engine.loaded.quantization
     buffer = traffic(target)
-    learning = CycleSettings.for_rank(rank) if rank else CycleSettings(learning_rate=1e-3)
+    # A tiny random-weight drafter learns at larger steps than a real one (drafter/adaptation/settings.py).
     cycle = cycle_for(
         engine,
         buffer,
         steps_per_candidate=40,
         step_tokens=64,
-        learning_rate=learning.learning_rate,
-        adapter_rank=learning.adapter_rank,
+        learning_rate=3e-3 if rank else 1e-3,
+        adapter_rank=rank,
     )
     assert cycle.has_work()
     assert run_until_decided(cycle) == "swapped"

@@ -1,0 +1,45 @@
+"""bench/adapt_sweep.py on a tiny pair: a setting that does not learn scores exactly as version 0, and one
+that learns the target's traffic scores better on it."""
+
+from __future__ import annotations
+
+import torch
+
+from bench.adapt_sweep import examples, markdown, sweep
+from export.versions import served_tensors
+from tests.oracle import hf_greedy, make_hf_model
+
+
+def test_a_setting_that_does_not_learn_scores_as_version_0_and_one_that_learns_scores_better(one_thread):
+    name = "gqa2-untied"
+    target = make_hf_model(name, seed=0)
+    drafter = make_hf_model(name, seed=0)
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for (
+            parameter
+        ) in drafter.parameters():  # a drafter that agrees with the target about a fifth of the time
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * 0.15)
+    prompts = [
+        {"name": f"p{i}", "tokens": torch.randint(0, 512, (20,), generator=generator).tolist()}
+        for i in range(6)
+    ]
+    outputs = [hf_greedy(target, p["tokens"], 48) for p in prompts]
+    hf_config = drafter.config.to_dict()
+    v0 = served_tensors(drafter.state_dict(), "none", torch.float32, tied=False)
+    result = sweep(
+        hf_config,
+        "none",
+        torch.float32,
+        v0,
+        examples(prompts[:4], outputs[:4], held_out=False),
+        examples(prompts[4:], outputs[4:], held_out=True),
+        [(0, 0.0), (0, 1e-3)],
+        steps=24,
+        score_every=12,
+    )
+    still, learning = result["settings"]
+    assert [p["step"] for p in still["points"]] == [12, 24]
+    assert all(p["held_out_ratio"] == 1.0 and p["training_ratio"] == 1.0 for p in still["points"])
+    assert learning["points"][-1]["training_ratio"] > 1.1
+    assert "| 0 | 0.001 |" in markdown({"sweep": result})

@@ -277,10 +277,17 @@ def stopping_at(num_calls: int):
     return stop, asked
 
 
-def test_training_waits_out_the_targets_round_before_it_takes_the_engine():
-    """Between two calls of a conversation the engine idles while the target verifies; a step there takes
-    the target's cores. A GPU target's 25 ms step keeps the 50 ms spell; a CPU's 0.5 s verify waits 1 s."""
-    from drafter.server.adapt_work import QUIET_S, quiet_spell_s
+def test_training_waits_out_the_targets_longest_round_before_it_takes_the_engine():
+    """Between two calls of a conversation the engine idles while the target verifies; work there takes the
+    target's cores. A GPU target's 25 ms round keeps the 50 ms spell. On the real pair's CPU the target was
+    told a 404 ms plain step and took 1.4 s between calls at k = 4: the spell must outlast those gaps."""
+    from drafter.server.adapt_work import QUIET_S, longest_round_ms, quiet_spell_s
+    from drafter.sessions.target_cost import TargetCost
 
     assert quiet_spell_s(0.0) == quiet_spell_s(25.0) == QUIET_S
-    assert quiet_spell_s(500.0) == pytest.approx(1.0)
+    target = TargetCost(told_step_ms=404.0, told_token_ms=20.0, max_drafts=8)
+    assert quiet_spell_s(longest_round_ms(target)) == pytest.approx(0.808)  # told, before any gap
+    for gap_ms in (1400.0, 1500.0, 1450.0):
+        target.observe(num_drafts=4, gap_ms=gap_ms)
+        target.observe(num_drafts=1, gap_ms=600.0)
+    assert quiet_spell_s(longest_round_ms(target)) == pytest.approx(2.9)  # twice the k = 4 rounds' median

@@ -27,6 +27,7 @@ from drafter.adaptation.weights import source_hf_config, source_tensors
 from drafter.scheduling.batcher import Batcher
 from drafter.sessions.draft_source import MODEL
 from drafter.sessions.speculation import Call
+from drafter.sessions.target_cost import TargetCost
 from engine.engine import DTYPES, Engine
 from engine.requests import DraftResult
 from export.versions import version_config, write_version
@@ -40,11 +41,13 @@ JOB_KEY = "\0adaptation"  # a background-work key no session name can take (name
 # gap, on a 2-core machine under other load). After a quiet spell, the first call of a new burst waits
 # for the layer or chunk of logits under way (drafter/adaptation/preempt.py).
 QUIET_S = 0.05
-# And for twice the target's round (its plain step, learned from the gaps between a session's calls, else
-# told): between two calls of a conversation the engine is idle while the target verifies, and on a shared
-# CPU (or GPU) a step there takes the target's cores. On the real pair (2 cores, a ~0.5 s verify) a 50 ms
-# spell let the trainer run 10 of its 60 steps and most of its scoring inside conversations: the target ran
-# at 0.75x the fixed drafter's speed, and calls waited 0.42 s at p50 (1.9 ms on the fixed server).
+# And for twice the target's longest round (the largest median gap between a session's calls, by drafts
+# verified; its told step until gaps come): between two calls of a conversation the engine is
+# idle while the target verifies, and on a shared CPU (or GPU) work there takes the target's cores. On the
+# real pair (2 cores, a ~0.5 s verify) a 50 ms spell let the trainer run 10 of its 60 steps and most of its
+# scoring inside conversations: the target ran at 0.75x the fixed drafter's speed, and calls waited 0.42 s
+# at p50 (1.9 ms on the fixed server). Twice its plain step (0.8 s) was still short of its rounds at k = 4
+# (1.4-1.6 s between calls): candidates were made and scored in those gaps, and the target ran at 0.80x.
 QUIET_ROUNDS = 2.0
 # Drafting ahead comes first, and the spell counts from its loops too: a branch answers the session's next
 # call in milliseconds, a training step only pays later. On the real pair the cycle, posted while an ahead
@@ -55,9 +58,16 @@ QUIET_ROUNDS = 2.0
 # work, the spell counting from the last one's end, and yields to any queued after it.
 
 
-def quiet_spell_s(target_step_ms: float) -> float:
+def quiet_spell_s(target_round_ms: float) -> float:
     """How long the engine must have answered nothing before training starts."""
-    return max(QUIET_S, QUIET_ROUNDS * target_step_ms / 1e3)
+    return max(QUIET_S, QUIET_ROUNDS * target_round_ms / 1e3)
+
+
+def longest_round_ms(target: TargetCost) -> float:
+    """The longest of the target's rounds lately: the largest median gap between a session's calls over the
+    draft lengths and row counts seen (a whole pass: a row's share times its rows), else its told step."""
+    learned = [rows * gap for rows, gaps in target.by_rows.items() for gap in gaps.medians if gap is not None]
+    return max(learned, default=target.step_ms())
 
 
 def build_cycle(engine: Engine, buffer_tokens: int, adapter_rank: int = 0) -> Cycle:
@@ -87,10 +97,10 @@ class AdaptWork:
         directory: Path | None,
         hf_config: dict,
         dtype,
-        target_step_ms: Callable[[], float] = lambda: 0.0,  # the target's plain step, as auto has it now
+        target_round_ms: Callable[[], float] = lambda: 0.0,  # the target's longest round (longest_round_ms)
     ):
         self.cycle, self.batcher, self.directory = cycle, batcher, directory
-        self.target_step_ms = target_step_ms
+        self.target_round_ms = target_round_ms
         self.hf_config, self.dtype = hf_config, dtype
         self.drafted_by: dict[str, int] = {}  # session -> weights version of the model drafts it was sent
         self.posted = False
@@ -139,7 +149,7 @@ class AdaptWork:
         loop = asyncio.get_running_loop()
         batcher = self.batcher
         quiet_for = loop.time() - max(self.last_answer, batcher.background_ended)
-        spell = quiet_spell_s(self.target_step_ms())
+        spell = quiet_spell_s(self.target_round_ms())
         busy = batcher.running or batcher.waiting or batcher.background_running or batcher.background
         if quiet_for < spell or busy:
             self.timer = loop.call_later(max(spell - quiet_for, QUIET_S / 10), self.recheck)

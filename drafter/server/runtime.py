@@ -18,7 +18,7 @@ from drafter.scheduling import startup_costs
 from drafter.scheduling.batcher import Batcher
 from drafter.scheduling.engine_thread import EngineThread
 from drafter.scheduling.inline import InlinePolicy, effective_max_ms
-from drafter.server.adapt_work import AdaptWork, build_cycle
+from drafter.server.adapt_work import AdaptWork, build_cycle, longest_round_ms
 from drafter.server.ahead_work import AheadWork
 from drafter.server.config import ServerConfig
 from drafter.server.metrics import Metrics
@@ -195,7 +195,7 @@ class Runtime:
                 directory,
                 cycle.hf_config,
                 cycle.dtype,
-                self.speculation.policy.target.step_ms,
+                lambda: longest_round_ms(self.speculation.policy.target),
             )
             self.speculation.on_verified = self.adapt.verified
             self.metrics.watch_adaptation(self.adapt)

@@ -32,21 +32,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from bench.adapt_args import REALPAIR_RUN
 from bench.adapt_stream import code_stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
 from bench.harness.report import write_report
 from bench.realpair.benchmark import DEFAULT_DIR, check_fetched
-from drafter.adaptation.buffer import Example
+from drafter.adaptation.buffer import Example, TrafficBuffer
 from drafter.adaptation.score import Score, score
+from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.trainer import Trainer, hf_model
 from engine.model.loader import checkpoint_files, read_tensors
 from export.versions import dense_state, served_tensors
 
-CONTEXT_WINDOW = 256  # the server buffer's (drafter/adaptation/buffer.py)
-STEP_TOKENS = 128  # CycleSettings.step_tokens
-K = 4  # bench.adapt --realpair's k
+CONTEXT_WINDOW = TrafficBuffer.context_window  # the prompt tokens the server's buffer keeps before a target's
+STEP_TOKENS = CycleSettings().step_tokens
+K = REALPAIR_RUN["num_draft_tokens"]  # bench.adapt --realpair's k
 
 
 def setting(text: str) -> tuple[int, float]:

@@ -72,6 +72,7 @@ TRAINER_COUNTERS = (
     "swaps",
     "rollbacks",
     "swap_seconds",
+    "swap_commit_seconds",
 )
 GPU = {"testbed": GPU_MODELS["qwen3-8b"], "realpair": GPU_MODELS["qwen2.5-coder-1.5b"]}  # as bench.acceptance
 

@@ -79,6 +79,7 @@ def costs(rows: list[dict], think_s: float) -> dict:
         "in_think_times": total,
         "training_step_ms": 1e3 * total["training_seconds"] / steps if steps else None,
         "swap_ms": 1e3 * total["swap_seconds"] / swaps if swaps else None,
+        "swap_commit_ms": 1e3 * total.get("swap_commit_seconds", 0.0) / swaps if swaps else None,
         "trainer_seconds": sum(
             total[key] for key in ("training_seconds", "making_seconds", "scoring_seconds", "swap_seconds")
         ),
@@ -172,7 +173,8 @@ def markdown(report: dict) -> str:
         f"- Adaptation at the end: version {adaptation['version']}, {adaptation['swaps']} swaps, "
         f"{adaptation['rejected_candidates']} rejected candidates, {adaptation['rollbacks']} rollbacks, "
         f"{adaptation['training_steps']} training steps.",
-        f"- Costs: a training step {fmt(cost['training_step_ms'])} ms, a swap {fmt(cost['swap_ms'])} ms; the "
+        f"- Costs: a training step {fmt(cost['training_step_ms'])} ms, a swap {fmt(cost['swap_ms'])} ms "
+        f"(its commit, the part a request waits for: {fmt(cost.get('swap_commit_ms'))} ms); the "
         f"trainer (training, scoring, swaps) ran {cost['trainer_seconds']:.1f} s of the "
         f"{cost['think_seconds']:.0f} s of think time (counted there only). A prompt's first call (its prefill): {fmt(first['on_after_a_swap']['p50'], '.1f')} ms "
         f"p50 right after a swap (n = {first['on_after_a_swap']['n']}; swaps fall between prompts, so no "

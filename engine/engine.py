@@ -14,6 +14,7 @@ import bisect
 import functools
 import logging
 import time
+from collections.abc import Generator
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from engine.model.qwen3 import rope_table
 from engine.prefill import PrefillRow, contiguous, prefill
 from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
-from engine.swap import check_weights, copy_in_place
+from engine.swap import WeightSwap
 from engine.tiers import decode_steps
 from engine.warmup import Warmup
 
@@ -88,8 +89,8 @@ class Engine(Warmup, DraftingAhead):
         self.branch_ops = BranchOps()  # adoptions and drops asked from other threads, applied by the next job
         self.branch_pages = 0
         self.ahead_step_ms: float | None = None  # wall time per step of ahead loops, a moving average
-        self.weights_version = 0  # 0 as loaded, +1 per swap_weights
-        self.swap_ms: float | None = None  # the last swap's wall time
+        self.weights_version = 0  # 0 as loaded, +1 per swap committed
+        self.swap_ms: float | None = None  # the last swap's commit: the time it held batches up
 
     @classmethod
     def load(cls, source: str, config: EngineConfig, lifecycle: Lifecycle | None = None) -> Engine:
@@ -104,16 +105,32 @@ class Engine(Warmup, DraftingAhead):
         self.table = SequenceTable(self.pool.num_pages, cfg.page_size, cfg.max_pages_per_seq)
 
     def swap_weights(self, tensors: dict[str, torch.Tensor]) -> int:
-        """Serve new weights from the next batch on: a checkpoint's tensors in the served layout
-        (export/versions.py), copied into the live ones (engine/swap.py), so compiled code and graphs stay
-        valid. Every cached sequence, prefix-index entry and drafted-ahead branch holds keys and values of the
-        old weights, so all are dropped, with queued branch adoptions (they name the old table's
-        sequences). Call between batches on the thread that drafts. Returns the new weights version."""
+        """Serve new weights from the next batch on (`weight_swap` in one go). Returns the new weights
+        version."""
+        pieces = self.weight_swap(tensors)
+        while True:
+            try:
+                next(pieces)
+            except StopIteration as done:
+                return done.value
+
+    def weight_swap(self, tensors: dict[str, torch.Tensor]) -> Generator[None, None, int]:
+        """New weights, a checkpoint's tensors in the served layout (export/versions.py), made ready beside
+        the live ones a piece at a time (engine/swap.py), then committed; between two pieces (a yield) the
+        engine may serve batches with the old weights. Run it on the thread that drafts, between batches.
+        Returns the new weights version."""
+        swap = WeightSwap(self.loaded, tensors, DTYPES[self.config.dtype], self.device)
+        yield from swap.pieces()
+        return self.commit_weights(swap)
+
+    def commit_weights(self, swap: WeightSwap) -> int:
+        """Put a made swap's weights in: copied into the live ones, so compiled code and graphs stay valid.
+        Every cached sequence, prefix-index entry and drafted-ahead branch holds keys and values of the old
+        weights, so all are dropped, with queued branch adoptions (they name the old table's sequences)."""
         began = time.perf_counter()
-        checked = check_weights(self.loaded, tensors, DTYPES[self.config.dtype], self.device)
         # Raised before the copy: a drafted-ahead answer read meanwhile on the event loop is then stale.
         self.weights_version += 1
-        copy_in_place(self.loaded, checked, DTYPES[self.config.dtype])
+        swap.commit()
         self.branch_ops.queue.clear()
         self.reset_cache()
         self.count_branch_pages()

@@ -14,6 +14,7 @@ from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.weights import source_hf_config, source_tensors
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.requests import DraftRequest
 from export.versions import version_config, write_version
 from tests.oracle import hf_greedy, make_hf_model
 
@@ -83,7 +84,7 @@ def cycle_for(engine: Engine, buffer: TrafficBuffer, **settings) -> Cycle:
         source_tensors(loaded, torch.float32),
         loaded.quantization,
         torch.float32,
-        engine.swap_weights,
+        engine.weight_swap,
     )
 
 
@@ -93,6 +94,14 @@ def run_until_decided(cycle: Cycle, limit: int = 50) -> str:
         if decision is not None:
             return decision
     raise AssertionError("no decision")
+
+
+def live_oracle(cycle: Cycle, engine: Engine, directory):
+    """transformers' model of the live version, saved as `--adapt-dir` saves it."""
+    quantization = engine.loaded.quantization
+    hf_config = source_hf_config(engine.loaded)
+    write_version(directory, cycle.live.tensors, version_config(hf_config, quantization, torch.float32))
+    return oracle(directory, quantized=quantization != "none")
 
 
 def oracle(directory, quantized: bool = False):
@@ -120,7 +129,6 @@ def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
     adapters (`--adapt-rank`: the version is their merged weights)."""
     target, directory, drafter = pairs(name, mode)
     engine = Engine.load(str(directory), CONFIG)
-    quantization = engine.loaded.quantization
     buffer = traffic(target)
     # A tiny random-weight drafter learns at larger steps than a real one (drafter/adaptation/settings.py).
     cycle = cycle_for(
@@ -139,12 +147,7 @@ def test_a_better_candidate_is_swapped_in_and_drafts_as_its_saved_version(
     scores = described["last_candidate"]
     assert scores["candidate"]["tokens_per_round"] > scores["live"]["tokens_per_round"] * 1.02
 
-    write_version(
-        tmp_path / "v1",
-        cycle.live.tensors,
-        version_config(source_hf_config(engine.loaded), quantization, torch.float32),
-    )
-    version_1 = oracle(tmp_path / "v1", quantized=mode is not None)
+    version_1 = live_oracle(cycle, engine, tmp_path / "v1")
     generator = torch.Generator().manual_seed(9)
     contexts = [torch.randint(0, 512, (n,), generator=generator).tolist() for n in (6, 30)]
     contexts.append(buffer.held_out[0].tokens[:30])  # traffic it was scored on: it learned the target here
@@ -245,6 +248,34 @@ def test_a_candidate_is_made_and_loaded_for_scoring_a_tensor_at_a_time_and_score
     assert cycle.counters.making_s > 0 and cycle.counters.scoring_s > 0
     assert run_until_decided(cycle) == decision
     assert cycle.describe()["last_candidate"] == whole.describe()["last_candidate"]
+
+
+def test_a_swap_is_made_between_requests_a_piece_at_a_time_and_goes_in_at_once(pairs, tmp_path, one_thread):
+    """Packing the new weights took ~1.1 s of a real drafter's swap: it is made beside the live weights a
+    module at a time, a request after every piece served by the old weights from their cache, and only the
+    commit (plain copies, packed linears rebound) holds a request up."""
+    target, directory, drafter = pairs("gqa2-untied")
+    engine = Engine.load(str(directory), CONFIG)
+    cycle = cycle_for(engine, traffic(target), steps_per_candidate=40, step_tokens=64, learning_rate=1e-3)
+    swapping = lambda: cycle.making is not None and cycle.making[0] == "swap_s"  # noqa: E731
+    for _ in range(50):
+        if cycle.work(swapping) is None and swapping():
+            break
+    prompt = traffic(target).held_out[0].tokens[:30]
+    before = engine.draft(prompt, K, session="s")
+    decision, old_weights = None, 0
+    while decision is None:
+        stop, _ = stopping_at(2)  # one piece of work, then a request
+        decision = cycle.work(stop)
+        if engine.weights_version == 0:
+            again = engine.draft_batch([DraftRequest(prompt, K, "s")])[0]
+            assert again.tokens == before and again.cached > 0
+            old_weights += 1
+    assert decision == "swapped" and engine.weights_version == 1
+    assert old_weights > len(cycle.live.tensors) // 3  # a module's tensors a piece
+    described = cycle.describe()
+    assert 0 < described["swap_commit_seconds"] < described["swap_seconds"]
+    assert engine.draft(prompt, K) == hf_greedy(live_oracle(cycle, engine, tmp_path / "v1"), prompt, K)
 
 
 def test_a_round_is_work_to_do_from_before_its_first_step_until_its_decision(pair, one_thread):

@@ -158,7 +158,8 @@ def test_compiled_engine_swaps_without_recompiling(hf_checkpoint, tmp_path):
 @pytest.mark.parametrize(("dtype", "mode"), [("bfloat16", None), ("float32", "dynamic")])
 def test_swap_equals_loading_the_saved_version(dtype, mode, hf_checkpoint, tmp_path, one_thread):
     """Where transformers' math is not ours bit for bit (bf16's packed oneDNN linears, fp8 activations), a
-    swapped engine drafts exactly what an engine loaded from the saved version drafts."""
+    swapped engine drafts exactly what an engine loaded from the saved version drafts. The swap is made a
+    piece at a time with a batch between every two: those are the old weights' drafts, from their cache."""
     from export.__main__ import run_export
 
     model, directory = hf_checkpoint("qwen2-gqa2-tied")
@@ -168,11 +169,21 @@ def test_swap_equals_loading_the_saved_version(dtype, mode, hf_checkpoint, tmp_p
     config = EngineConfig(max_seq_len=128, max_batch_size=2, max_draft_tokens=8, dtype=dtype)
     engine = Engine.load(str(directory), config)
     prompts = contexts(model.config.vocab_size)
-    for i, c in enumerate(prompts):
-        engine.draft(c, 8, session=f"s{i}")
+    before = [engine.draft(c, 8, session=f"s{i}") for i, c in enumerate(prompts)]
     loaded = engine.loaded
     tensors = served_tensors(perturbed(model), loaded.quantization, getattr(torch, dtype), tied=True)
-    engine.swap_weights(tensors)
+    pieces, num_pieces = engine.weight_swap(tensors), 0
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as committed:
+            assert committed.value == engine.weights_version == 1
+            break
+        i = num_pieces % len(prompts)
+        between = engine.draft_batch(_requests(prompts)[i : i + 1])[0]
+        assert between.tokens == before[i] and between.cached > 0 and engine.weights_version == 0
+        num_pieces += 1
+    assert num_pieces > len(tensors) // 3  # a module's tensors a piece
     write_version(
         tmp_path / "v1",
         tensors,

@@ -13,16 +13,17 @@ the previous version's what it would have got, so the margin measures the weight
 it only on an idle engine): it advances the cycle a step at a time (one optimizer step, or one example
 scored, or one tensor of a candidate being made or of a version being loaded into the scorer) and returns as
 soon as `stop()` says a request is waiting, keeping its place (a step or an example under way is cut short
-between two decoder layers, drafter/adaptation/preempt.py). The swap itself runs
-there too, between two engine batches, through `swap` (`Engine.swap_weights`). Everything a reader on the
-event loop sees (`describe`, the counters) is replaced by whole values or plain integers.
+between two decoder layers, drafter/adaptation/preempt.py). The swap runs there too, through `swap`
+(`Engine.weight_swap`): made ready a module at a time, then committed, each between two engine batches.
+Everything a reader on the event loop sees (`describe`, the counters) is replaced by whole values or plain
+integers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +57,10 @@ class Counters:
     training_s: float = 0.0
     making_s: float = 0.0  # candidates' making: the trainer's weights merged and quantized as served
     scoring_s: float = 0.0
-    swap_s: float = 0.0  # swaps and rollbacks together: the engine thread's time in `swap`
+    swap_s: float = (
+        0.0  # swaps and rollbacks together: the engine thread's time in `swap`, pieces and commits
+    )
+    commit_s: float = 0.0  # of it, the commits: the only part that holds a request up for longer than a piece
     last_loss: float | None = None
     last_candidate: dict | None = None  # {"candidate": Score.describe(), "live": ..., "swapped": bool}
     last_judgment: dict | None = None  # {"version": N, "live": Score.describe(), "before": ...}
@@ -71,7 +75,9 @@ class Cycle:
         live_tensors: dict[str, torch.Tensor],
         quantization: str,
         dtype: torch.dtype,
-        swap: Callable[[dict[str, torch.Tensor]], int],  # the engine's swap: returns its weights_version
+        # The engine's swap (`Engine.weight_swap`): made ready in pieces, committed on the last; returns its
+        # weights_version.
+        swap: Callable[[dict[str, torch.Tensor]], Generator[None, None, int]],
         device="cpu",
         weight_scales: str = "tensor",  # an FP8 checkpoint's scale grain: versions are quantized as it was
     ):
@@ -102,10 +108,12 @@ class Cycle:
         self.phase, self.steps = TRAIN, 0
         self.tokens_at_round = 0  # the buffer's target tokens seen when the current round started
         self.candidate: Version | None = None
-        # Work done a tensor at a time (a candidate's making, the scorer's loading), so that a request waits
-        # for one tensor of it, not all: on the real 0.5B drafter a whole candidate took seconds, and first
-        # calls of conversations waited 3.7-8.7 s for it. (counter to time it into, its pieces)
+        # Work done a tensor at a time (a candidate's making, the scorer's loading, a swap's weights made ready),
+        # so that a request waits for one tensor of it, not all: on the real 0.5B drafter a whole candidate
+        # took seconds, and first calls of conversations waited 3.7-8.7 s for it. (counter to time it into,
+        # its pieces)
         self.making: tuple[str, Iterator[None]] | None = None
+        self.decided: str | None = None  # what a swap decided ("swapped", "rolled back"), once committed
         self.pending: list[tuple[str, Example]] = []  # (side, held-out example) still to score, last first
         self.totals: dict[str, list[int]] = {}  # "candidate"/"live" -> [tokens, rounds, positions, agreed]
 
@@ -126,7 +134,7 @@ class Cycle:
     def has_work(self) -> bool:
         """A judgment is due, a round is under way, or enough new target tokens came in to start one
         (cheap: asked on every verified call)."""
-        if self.judgment_due or self.phase == SCORE or self.steps:
+        if self.judgment_due or self.phase == SCORE or self.steps or self.making is not None:
             return True
         new = self.buffer.counters.target_tokens - self.tokens_at_round
         return new >= self.settings.min_train_tokens and bool(self.buffer.training and self.buffer.held_out)
@@ -136,12 +144,16 @@ class Cycle:
     def work(self, stop: Callable[[], bool]) -> str | None:
         """Advance the cycle until `stop()` or a decision: "swapped", "rejected", "rolled back", "kept" (a
         judged version stays), or None."""
-        if self.judgment_due and self.phase == TRAIN:  # a candidate's training is cut short, not kept
-            self.judgment_due, self.steps = False, 0
+        if self.judgment_due and self.phase == TRAIN and self.making is None:  # a candidate's training is
+            self.judgment_due, self.steps = False, 0  # cut short, not kept
             self.start_scoring(JUDGMENT)
         while not stop():
             if self.making is not None:
                 self.advance_making()
+                if self.decided is not None:  # a swap went in
+                    decision, self.decided = self.decided, None
+                    release_freed_memory()  # the old packed weights: gigabytes
+                    return decision
             elif self.phase == TRAIN:
                 examples = tuple(self.buffer.training)
                 if not examples:
@@ -163,8 +175,9 @@ class Cycle:
                 self.score_next(stop)
             else:
                 decision = self.decide()
-                release_freed_memory()  # a candidate or a judgment came and went: gigabytes freed
-                return decision
+                if self.making is None:  # decided with no swap to make
+                    release_freed_memory()  # a candidate or a judgment came and went: gigabytes freed
+                    return decision
         return None
 
     def start_scoring(self, contest: str) -> None:
@@ -204,9 +217,10 @@ class Cycle:
         """One piece of the making under way, timed into its counter."""
         counter, pieces = self.making
         began = time.perf_counter()
-        if next(pieces, StopIteration) is StopIteration:
-            self.making = None
+        finished = next(pieces, StopIteration) is StopIteration
         setattr(self.counters, counter, getattr(self.counters, counter) + time.perf_counter() - began)
+        if finished:
+            self.making = None
 
     def score_next(self, stop: Callable[[], bool]) -> None:
         """Score the next held-out example with one side (the candidate's examples first, then the live's:
@@ -241,9 +255,10 @@ class Cycle:
             yield
         self.scorer_holds = version
 
-    def decide(self) -> str:
+    def decide(self) -> str | None:
         """Swap the candidate in if it beats the live weights by the margin on enough rounds (a judgment:
-        roll back to the version before if the live one falls short of it by the rollback margin)."""
+        roll back to the version before if the live one falls short of it by the rollback margin). A swap is
+        made in pieces first: its decision comes once it is in."""
         candidate, live = (Score(*self.totals[side]) for side in ("candidate", "live"))
         if self.contest == JUDGMENT:
             return self.judge(candidate, live)
@@ -263,7 +278,26 @@ class Cycle:
             self.counters.rejected += 1
             self.candidate = None
             return "rejected"
-        self.by_weights_version[self.timed_swap(self.candidate.tensors)] = self.candidate.number
+        self.making = ("swap_s", self.swap_in(self.candidate, self.went_live))
+        return None
+
+    def swap_in(self, version: Version, then: Callable[[], str]) -> Iterator[None]:
+        """`version`'s weights into the engine (a piece at a time, then committed between two batches), and
+        `then` the cycle's own record of it, whose decision `work` returns."""
+        pieces = self.swap(version.tensors)
+        while True:
+            began = time.perf_counter()
+            try:
+                next(pieces)
+            except StopIteration as committed:  # the engine's last piece is its commit alone
+                self.counters.commit_s += time.perf_counter() - began
+                self.by_weights_version[committed.value] = version.number
+                break
+            yield
+        yield  # a piece of its own: a rollback's trainer reset takes a while
+        self.decided = then()
+
+    def went_live(self) -> str:
         self.previous, self.live, self.candidate = self.live, self.candidate, None
         self.next_number += 1
         self.counters.swaps += 1
@@ -272,14 +306,9 @@ class Cycle:
         log.info("adaptation: version %d swapped in (%s)", self.live.number, self.counters.last_candidate)
         return "swapped"
 
-    def timed_swap(self, tensors: dict[str, torch.Tensor]) -> int:
-        began = time.perf_counter()
-        weights_version = self.swap(tensors)
-        self.counters.swap_s += time.perf_counter() - began
-        return weights_version
-
     def judge(self, before: Score, live: Score) -> str | None:
-        """The live version against the one before it, on the same traffic since the swap."""
+        """The live version against the one before it, on the same traffic since the swap: "kept", None (to be
+        judged later), or a rollback started."""
         self.phase, self.candidate = TRAIN, None
         enough = min(before.rounds, live.rounds) >= self.settings.min_rounds
         self.counters.last_judgment = {
@@ -293,11 +322,11 @@ class Cycle:
         self.judge_at = 0
         if live.tokens_per_round >= before.tokens_per_round * (1 - self.settings.rollback_margin):
             return "kept"
-        return self.roll_back()
+        self.making = ("swap_s", self.swap_in(self.previous, self.rolled_back))
+        return None
 
-    def roll_back(self) -> str:
+    def rolled_back(self) -> str:
         """The live version did worse than the one before: that one again, and training starts from it."""
-        self.by_weights_version[self.timed_swap(self.previous.tensors)] = self.previous.number
         log.warning("adaptation: version %d rolled back to %d", self.live.number, self.previous.number)
         self.live, self.previous = self.previous, None
         self.trainer.reset(dense_state(self.live.tensors))
@@ -318,6 +347,7 @@ class Cycle:
             "making_seconds": round(c.making_s, 3),
             "scoring_seconds": round(c.scoring_s, 3),
             "swap_seconds": round(c.swap_s, 4),
+            "swap_commit_seconds": round(c.commit_s, 4),
             "last_loss": None if c.last_loss is None else round(c.last_loss, 4),
             "last_candidate": c.last_candidate,
             "last_judgment": c.last_judgment,

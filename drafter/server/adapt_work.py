@@ -81,7 +81,7 @@ def build_cycle(engine: Engine, buffer_tokens: int, adapter_rank: int = 0) -> Cy
         source_tensors(loaded, dtype),
         loaded.quantization,
         dtype,
-        engine.swap_weights,
+        engine.weight_swap,
         engine.device,
         loaded.weight_scales or "tensor",
     )

@@ -58,6 +58,8 @@ class AdaptationCollector:
             ("training_seconds", "Engine-thread time spent training", c.training_s),
             ("making_seconds", "Engine-thread time spent making candidates (merged, quantized)", c.making_s),
             ("scoring_seconds", "Engine-thread time spent scoring candidates", c.scoring_s),
+            ("swap_seconds", "Engine-thread time spent swapping weights in (pieces and commits)", c.swap_s),
+            ("swap_commit_seconds", "Of it, the commits: the part that holds requests up", c.commit_s),
         ):
             yield CounterMetricFamily(f"drafter_adapt_{name}", text, value=value)
         yield GaugeMetricFamily(

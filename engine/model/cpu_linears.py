@@ -53,15 +53,24 @@ class CpuLinear(nn.Module):
         self.load(weight, bias)
 
     def load(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Take (and pack) `weight` [out, in] and `bias`: at construction, and when the engine swaps its
-        weights (engine/swap.py; eager only, so no compiled code holds the old tensors)."""
-        self.bias = bias
+        """Take (and pack) `weight` [out, in] and `bias`."""
+        self.install(self.pack(weight, bias))
+
+    def pack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+        """What `forward` reads for `weight` and `bias`, made aside: at construction, and when the engine swaps
+        its weights (engine/swap.py packs the new ones while the old still serve; eager only, so no compiled
+        code holds the old tensors)."""
         # Packed weights are opaque tensors, not parameters: state dicts and .to() never see them.
-        self.weight_ = weight
+        attributes = {"weight_": weight, "bias": bias}
         if self.kind == "onednn":
-            self.weight_ = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+            attributes["weight_"] = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         elif self.kind == "mkl":
-            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
+            attributes["packed"] = torch.ops.mkl._mkl_reorder_linear_weight(weight, 1)
+        return attributes
+
+    def install(self, attributes: dict[str, torch.Tensor | None]) -> None:
+        for name, value in attributes.items():
+            setattr(self, name, value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "onednn":
@@ -86,11 +95,21 @@ class CpuDynamicFP8Linear(nn.Module):
         self.load(linear.weight.detach(), linear.weight_scale.detach(), linear.bias)
 
     def load(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Take an fp8 `weight` [out, in], its float32 scale and `bias` (at construction and on a swap)."""
-        self.weight_ = weight.to(torch.float32)  # fp8 values, exact in fp32
-        # [1, 1] per tensor or [1, out] per channel: it scales the columns of y either way
-        self.weight_scale = weight_scale.reshape(1, -1)
-        self.bias = None if bias is None else bias.detach()  # a plain tensor, as CpuLinear's
+        self.install(self.pack(weight, weight_scale, bias))
+
+    def pack(
+        self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> dict[str, torch.Tensor | None]:
+        """What `forward` reads for an fp8 `weight` [out, in], its float32 scale and `bias`, made aside (at
+        construction and on a swap, as CpuLinear's)."""
+        return {
+            "weight_": weight.to(torch.float32),  # fp8 values, exact in fp32
+            # [1, 1] per tensor or [1, out] per channel: it scales the columns of y either way
+            "weight_scale": weight_scale.reshape(1, -1),
+            "bias": None if bias is None else bias.detach(),  # a plain tensor, as CpuLinear's
+        }
+
+    install = CpuLinear.install
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_q, x_scale = quantize_per_row(x.reshape(-1, self.in_features))  # [tokens, in], [tokens, 1]

@@ -1,0 +1,115 @@
+"""What a weights swap (`--adapt`, engine/swap.py) holds a request up for: made in one go, a request that
+arrives meanwhile waits for all of it; made a piece at a time as the adaptation cycle makes it, for the
+piece under way or the commit.
+
+    python -m bench.adapt_swap [--model DIR] [--dtype bfloat16] [--repeats 3] [--threads 2] [--out DIR]
+
+The model's own weights as served (adaptation's version 0) are swapped in: what a swap costs does not depend
+on their values. Per repeat, in one process and one after the other, the swap in one go
+(`Engine.swap_weights`) and in pieces (`Engine.weight_swap`, each piece timed). The first repeat pays for
+the allocator's first growth; read the later ones. Default model: the real pair's served drafter
+(Qwen2.5-Coder-0.5B FP8 weight-only, as `python -m bench.realpair fetch` leaves it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.harness.decoding import PAIR_DRAFTERS
+from bench.harness.machine import describe
+from bench.harness.report import write_report
+from bench.realpair.benchmark import DEFAULT_DIR
+from drafter.adaptation.weights import source_tensors
+from engine.config import EngineConfig
+from engine.engine import DTYPES, Engine
+from engine.model.errors import LoadError
+
+
+def in_one_go(engine: Engine, tensors: dict[str, torch.Tensor]) -> float:
+    began = time.perf_counter()
+    engine.swap_weights(tensors)
+    return time.perf_counter() - began
+
+
+def in_pieces(engine: Engine, tensors: dict[str, torch.Tensor]) -> dict:
+    """Each piece's seconds; the last is the commit."""
+    pieces, seconds = engine.weight_swap(tensors), []
+    while True:
+        began = time.perf_counter()
+        try:
+            next(pieces)
+        except StopIteration:
+            seconds.append(time.perf_counter() - began)
+            break
+        seconds.append(time.perf_counter() - began)
+    *made, commit = seconds
+    return {"pieces": len(made), "whole_s": sum(seconds), "longest_piece_s": max(made), "commit_s": commit}
+
+
+def measure(engine: Engine, repeats: int) -> list[dict]:
+    tensors = source_tensors(engine.loaded, DTYPES[engine.config.dtype])
+    return [{"one_go_s": in_one_go(engine, tensors), **in_pieces(engine, tensors)} for _ in range(repeats)]
+
+
+def markdown(report: dict) -> str:
+    config = report["config"]
+    lines = [
+        f"{config['model']} ({config['dtype']}, {config['threads']} threads, {report['machine']['cpu']}): what "
+        "a request arriving during a swap waits for.",
+        "",
+        "| repeat | one go, ms | in pieces: whole, ms | pieces | longest piece, ms | commit, ms | wait, one go / pieces |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, row in enumerate(report["repeats"], 1):
+        wait = max(row["longest_piece_s"], row["commit_s"])
+        lines.append(
+            f"| {i} | {1e3 * row['one_go_s']:.0f} | {1e3 * row['whole_s']:.0f} | {row['pieces']} | "
+            f"{1e3 * row['longest_piece_s']:.1f} | {1e3 * row['commit_s']:.1f} | {row['one_go_s'] / wait:.0f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model",
+        default=str(DEFAULT_DIR / PAIR_DRAFTERS["weight-only"]),
+        help="a checkpoint directory or preset [the real pair's FP8 weight-only drafter]",
+    )
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="served dtype [bfloat16]")
+    parser.add_argument("--repeats", type=int, default=3, help="swaps of each kind [3]")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads [2]")
+    parser.add_argument("--out", type=Path, help="write report.json and report.md here")
+    args = parser.parse_args(argv)
+    if min(args.repeats, args.threads) < 1:
+        parser.error("--repeats and --threads must be positive")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        engine = Engine.load(args.model, EngineConfig(device="cpu", dtype=args.dtype))
+    except (LoadError, OSError) as error:
+        print(f"error: cannot load {args.model}: {error}", file=sys.stderr)
+        return 2
+    report = {
+        "repeats": measure(engine, args.repeats),
+        "config": {"model": args.model, "dtype": args.dtype, "threads": args.threads},
+        "machine": describe("cpu"),
+    }
+    text = markdown(report)
+    print(text)
+    if args.out is not None:
+        write_report(args.out, report, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

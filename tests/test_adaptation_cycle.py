@@ -239,7 +239,7 @@ def test_a_candidate_is_made_and_loaded_for_scoring_a_tensor_at_a_time_and_score
     assert cycle.work(lambda: cycle.phase == SCORE) is None  # trained; the candidate's making not begun
     num_tensors = len(whole.live.tensors)
     returns = 0
-    while cycle.making is not None or cycle.scorer_holds is not cycle.candidate:
+    while cycle.making is not None or cycle.contest.holds is not cycle.candidate:
         stop, _ = stopping_at(2)  # the loop asks once, one piece of work, then it asks again
         assert cycle.work(stop) is None
         returns += 1

@@ -6,7 +6,7 @@ numbered 0 (as loaded), 1, 2, ...; a rollback makes the previous version live ag
 Why the judgment replays both versions on the same traffic: the live tokens per round of two versions come
 from different stretches of traffic, and traffic changes (that is why the drafter adapts): comparing them
 rolled back good versions whenever the prompts after a swap were harder than those before it. Replayed on
-the same rounds (drafter/adaptation/score.py), the live version's score is what the target got from it and
+the same rounds (drafter/adaptation/contest.py), the live version's score is what the target got from it and
 the previous version's what it would have got, so the margin measures the weights and nothing else.
 
 `work(stop)` runs on the engine thread as background work (the server's drafter/server/adapt_work.py posts
@@ -28,24 +28,18 @@ from dataclasses import dataclass
 
 import torch
 
-from drafter.adaptation.buffer import Example, TrafficBuffer
+from drafter.adaptation.buffer import TrafficBuffer
+from drafter.adaptation.contest import Contest, Version
 from drafter.adaptation.heap import release_freed_memory
-from drafter.adaptation.preempt import Preempted, preemptible
-from drafter.adaptation.score import Score, agreement, replay
+from drafter.adaptation.score import Score
 from drafter.adaptation.settings import CycleSettings
-from drafter.adaptation.trainer import Trainer, hf_model
-from export.versions import dense_items, dense_state, served_items
+from drafter.adaptation.trainer import Trainer
+from export.versions import dense_state, served_items
 
 log = logging.getLogger(__name__)
 
 TRAIN, SCORE = "train", "score"
 CANDIDATE, JUDGMENT = "candidate", "judgment"  # what a scoring round decides: a swap, or a rollback
-
-
-@dataclass(slots=True)
-class Version:
-    number: int
-    tensors: dict[str, torch.Tensor]  # the served layout (export/versions.py): what the engine holds
 
 
 @dataclass(slots=True)
@@ -57,10 +51,8 @@ class Counters:
     training_s: float = 0.0
     making_s: float = 0.0  # candidates' making: the trainer's weights merged and quantized as served
     scoring_s: float = 0.0
-    swap_s: float = (
-        0.0  # swaps and rollbacks together: the engine thread's time in `swap`, pieces and commits
-    )
-    commit_s: float = 0.0  # of it, the commits: the only part that holds a request up for longer than a piece
+    swap_s: float = 0.0  # swaps and rollbacks together: the engine thread's time in `swap`
+    commit_s: float = 0.0  # of it, the commits: the one part of a swap a request waits for whole
     last_loss: float | None = None
     last_candidate: dict | None = None  # {"candidate": Score.describe(), "live": ..., "swapped": bool}
     last_judgment: dict | None = None  # {"version": N, "live": Score.describe(), "before": ...}
@@ -96,15 +88,14 @@ class Cycle:
             device=device,
             adapter_rank=settings.adapter_rank,
         )
-        self.scorer = hf_model(hf_config, dense_state(live_tensors), device)  # holds the version it scores
-        self.scorer_holds: Version | None = None  # the version whose weights `scorer` holds
+        self.contest = Contest(hf_config, live_tensors, device)  # held-out scoring, its scorer model
         self.counters = Counters()
         self.live_rounds: dict[int, list[int]] = {}  # version -> [tokens, rounds] the target got live
         self.by_weights_version = {0: 0}  # the engine's weights_version (+1 a swap) -> our version number
         self.judge_at = 0  # the live version's rounds at which it is judged; 0: not to be judged
         self.examples_at_swap = 0  # the buffer's examples started before the live version went live
         self.judgment_due = False
-        self.contest = CANDIDATE  # what the scoring round under way decides
+        self.deciding = CANDIDATE  # what the scoring round under way decides
         self.phase, self.steps = TRAIN, 0
         self.tokens_at_round = 0  # the buffer's target tokens seen when the current round started
         self.candidate: Version | None = None
@@ -114,8 +105,6 @@ class Cycle:
         # its pieces)
         self.making: tuple[str, Iterator[None]] | None = None
         self.decided: str | None = None  # what a swap decided ("swapped", "rolled back"), once committed
-        self.pending: list[tuple[str, Example]] = []  # (side, held-out example) still to score, last first
-        self.totals: dict[str, list[int]] = {}  # "candidate"/"live" -> [tokens, rounds, positions, agreed]
 
     # -- on the event loop ----------------------------------------------------------------------------
 
@@ -171,8 +160,12 @@ class Cycle:
                 self.steps += 1
                 if self.steps >= self.settings.steps_per_candidate:
                     self.start_scoring(CANDIDATE)
-            elif self.pending:
-                self.score_next(stop)
+            elif self.contest.pending:
+                began = time.perf_counter()
+                loading = self.contest.score_next({"live": self.live, "candidate": self.candidate}, stop)
+                self.counters.scoring_s += time.perf_counter() - began
+                if loading is not None:
+                    self.making = ("scoring_s", loading)
             else:
                 decision = self.decide()
                 if self.making is None:  # decided with no swap to make
@@ -180,24 +173,23 @@ class Cycle:
                     return decision
         return None
 
-    def start_scoring(self, contest: str) -> None:
+    def start_scoring(self, deciding: str) -> None:
         """Score the live version against another on held-out traffic: a candidate (the trainer's weights)
         on all of it, or, to judge the live version, the one before it on what came after the swap."""
-        self.contest = contest
-        if contest == CANDIDATE:
+        self.deciding = deciding
+        if deciding == CANDIDATE:
             self.candidate = None
             self.making = ("making_s", self.make_candidate())
         else:
             self.candidate = self.previous
-        since = self.examples_at_swap if contest == JUDGMENT else 0
-        # Copies: the buffer may grow an example meanwhile, and both sides must score the same tokens.
-        held_out = [
-            Example(e.session, e.tokens[:], e.num_context, e.num_draft_tokens, True)
-            for e in tuple(self.buffer.held_out)
-            if e.num_draft_tokens >= 1 and e.num_targets >= 1 and e.number >= since
-        ]
-        self.pending = [(side, e) for side in ("live", "candidate") for e in held_out]
-        self.totals = {"candidate": [0, 0, 0, 0], "live": [0, 0, 0, 0]}
+        since = self.examples_at_swap if deciding == JUDGMENT else 0
+        self.contest.start(
+            [
+                e
+                for e in tuple(self.buffer.held_out)
+                if e.num_draft_tokens >= 1 and e.num_targets >= 1 and e.number >= since
+            ]
+        )
         self.phase = SCORE
 
     def make_candidate(self) -> Iterator[None]:
@@ -222,45 +214,13 @@ class Cycle:
         if finished:
             self.making = None
 
-    def score_next(self, stop: Callable[[], bool]) -> None:
-        """Score the next held-out example with one side (the candidate's examples first, then the live's:
-        the scorer loads each version once a round, a tensor at a time); left for later if `stop()` turns true
-        meanwhile."""
-        side, example = self.pending[-1]
-        version = self.candidate if side == "candidate" else self.live
-        if self.scorer_holds is not version:
-            self.making = ("scoring_s", self.load_scorer(version))
-            return
-        began = time.perf_counter()
-        try:
-            with preemptible(self.scorer, stop):
-                agree = agreement(self.scorer, example, stop)
-        except Preempted:
-            return
-        finally:
-            self.counters.scoring_s += time.perf_counter() - began
-        self.pending.pop()
-        tokens, rounds = replay(agree, example.num_draft_tokens)
-        total = self.totals[side]
-        for i, value in enumerate((tokens, rounds, len(agree), sum(agree))):
-            total[i] += value
-
-    def load_scorer(self, version: Version) -> Iterator[None]:
-        """The scorer holds `version` once this is through (copied into its parameters, dequantized: a tied
-        lm_head is the embedding it shares)."""
-        self.scorer_holds = None  # part this version, part another, until the last tensor
-        for name, tensor in dense_items(version.tensors):
-            with torch.no_grad():  # not around the yield: the caller's grad mode is its own
-                self.scorer.get_parameter(name).copy_(tensor)
-            yield
-        self.scorer_holds = version
-
     def decide(self) -> str | None:
         """Swap the candidate in if it beats the live weights by the margin on enough rounds (a judgment:
         roll back to the version before if the live one falls short of it by the rollback margin). A swap is
         made in pieces first: its decision comes once it is in."""
-        candidate, live = (Score(*self.totals[side]) for side in ("candidate", "live"))
-        if self.contest == JUDGMENT:
+        scores = self.contest.scores()
+        candidate, live = scores["candidate"], scores["live"]
+        if self.deciding == JUDGMENT:
             return self.judge(candidate, live)
         better = (
             candidate.rounds >= self.settings.min_rounds

@@ -32,7 +32,7 @@ from engine.model.qwen3 import rope_table
 from engine.prefill import PrefillRow, contiguous, prefill
 from engine.recompiles import RecompileGuard
 from engine.requests import DraftError, DraftRequest, DraftResult, EngineStats, as_token_array
-from engine.swap import WeightSwap
+from engine.swap import WeightSwap, run_through
 from engine.tiers import decode_steps
 from engine.warmup import Warmup
 
@@ -107,26 +107,17 @@ class Engine(Warmup, DraftingAhead):
     def swap_weights(self, tensors: dict[str, torch.Tensor]) -> int:
         """Serve new weights from the next batch on (`weight_swap` in one go). Returns the new weights
         version."""
-        pieces = self.weight_swap(tensors)
-        while True:
-            try:
-                next(pieces)
-            except StopIteration as done:
-                return done.value
+        return run_through(self.weight_swap(tensors))
 
     def weight_swap(self, tensors: dict[str, torch.Tensor]) -> Generator[None, None, int]:
         """New weights, a checkpoint's tensors in the served layout (export/versions.py), made ready beside
-        the live ones a piece at a time (engine/swap.py), then committed; between two pieces (a yield) the
-        engine may serve batches with the old weights. Run it on the thread that drafts, between batches.
-        Returns the new weights version."""
+        the live ones a piece at a time (engine/swap.py: between two pieces, a yield, batches may run on the
+        old weights), then committed: copied into the live tensors, so compiled code and graphs stay valid.
+        Every cached sequence, prefix-index entry and drafted-ahead branch holds keys and values of the old
+        weights, so all are dropped, with queued branch adoptions (they name the old table's sequences). Run
+        it on the thread that drafts, between batches. Returns the new weights version."""
         swap = WeightSwap(self.loaded, tensors, DTYPES[self.config.dtype], self.device)
         yield from swap.pieces()
-        return self.commit_weights(swap)
-
-    def commit_weights(self, swap: WeightSwap) -> int:
-        """Put a made swap's weights in: copied into the live ones, so compiled code and graphs stay valid.
-        Every cached sequence, prefix-index entry and drafted-ahead branch holds keys and values of the old
-        weights, so all are dropped, with queued branch adoptions (they name the old table's sequences)."""
         began = time.perf_counter()
         # Raised before the copy: a drafted-ahead answer read meanwhile on the event loop is then stale.
         self.weights_version += 1

@@ -7,13 +7,14 @@ so the new values are copied into that very storage and nothing recompiles. The 
 (engine/model/cpu_linears.py) hold derived copies instead (packed, dequantized): those are built from the
 new weights the way loading builds them, beside the old ones, and take their place at the commit, which is
 safe because no compiled code runs there. The KV cache is not this module's business: its keys and values
-are of the old weights, and the engine drops them (`Engine.commit_weights`).
+are of the old weights, and the engine drops them (`Engine.weight_swap`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -92,3 +93,15 @@ class WeightSwap:
                 live.copy_(value)
         for module, attributes in self.installs:
             module.install(attributes)
+
+
+T = TypeVar("T")
+
+
+def run_through(pieces: Generator[None, None, T]) -> T:
+    """A job made of pieces (`Engine.weight_swap`) run in one go: its result."""
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return done.value

@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from drafter.adaptation.buffer import TrafficBuffer
 from drafter.adaptation.contest import Contest, Version
+from drafter.adaptation.counters import Counters
 from drafter.adaptation.heap import release_freed_memory
 from drafter.adaptation.score import Score
 from drafter.adaptation.settings import CycleSettings
@@ -40,22 +40,6 @@ log = logging.getLogger(__name__)
 
 TRAIN, SCORE = "train", "score"
 CANDIDATE, JUDGMENT = "candidate", "judgment"  # what a scoring round decides: a swap, or a rollback
-
-
-@dataclass(slots=True)
-class Counters:
-    swaps: int = 0
-    rejected: int = 0
-    rollbacks: int = 0
-    training_steps: int = 0
-    training_s: float = 0.0
-    making_s: float = 0.0  # candidates' making: the trainer's weights merged and quantized as served
-    scoring_s: float = 0.0
-    swap_s: float = 0.0  # swaps and rollbacks together: the engine thread's time in `swap`
-    commit_s: float = 0.0  # of it, the commits: the one part of a swap a request waits for whole
-    last_loss: float | None = None
-    last_candidate: dict | None = None  # {"candidate": Score.describe(), "live": ..., "swapped": bool}
-    last_judgment: dict | None = None  # {"version": N, "live": Score.describe(), "before": ...}
 
 
 class Cycle:
@@ -295,22 +279,10 @@ class Cycle:
         return "rolled back"
 
     def describe(self) -> dict:
-        c = self.counters
         return {
             "version": self.live.number,
             "previous_version": self.previous.number if self.previous else None,
-            "swaps": c.swaps,
-            "rejected_candidates": c.rejected,
-            "rollbacks": c.rollbacks,
-            "training_steps": c.training_steps,
-            "training_seconds": round(c.training_s, 3),
-            "making_seconds": round(c.making_s, 3),
-            "scoring_seconds": round(c.scoring_s, 3),
-            "swap_seconds": round(c.swap_s, 4),
-            "swap_commit_seconds": round(c.commit_s, 4),
-            "last_loss": None if c.last_loss is None else round(c.last_loss, 4),
-            "last_candidate": c.last_candidate,
-            "last_judgment": c.last_judgment,
+            **self.counters.describe(),
             "adapter_rank": self.settings.adapter_rank,
             "learning_rate": self.settings.learning_rate,
             "round": {"phase": self.phase, "steps": self.steps, "busy": self.has_work()},

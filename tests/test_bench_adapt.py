@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.adapt import main
+from bench.adapt.run import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,9 +41,9 @@ def test_a_tiny_stream_is_lossless_and_reports_both_servers(tmp_path):
 
 
 def test_adapt_latency_times_both_servers_at_each_client_count_and_counts_the_trainer(tmp_path):
-    """`python -m bench.adapt_latency` at its smallest: each client count's row holds both servers' calls
+    """`python -m bench.adapt.latency` at its smallest: each client count's row holds both servers' calls
     (the same conversations, so the same number of calls) and what the trainer did while timed."""
-    from bench.adapt_latency import main as latency_main
+    from bench.adapt.latency import main as latency_main
 
     argv = ["--prompts", "2", "--max-new-tokens", "12", "--clients", "1,2", "--repeats", "1"]
     argv += ["--verify-ms", "1", "--think-s", "0.05", "--out", str(tmp_path)]
@@ -67,7 +67,7 @@ def test_the_real_pair_missing_is_one_line_naming_the_fetch_and_its_stream_is_th
     with pytest.raises(SystemExit):  # one pair at a time
         main(["--realpair", "--testbed"])
 
-    from bench.adapt_stream import code_stream_prompts
+    from bench.adapt.stream import code_stream_prompts
     from bench.testbed import PAIR
 
     # Any tokenizer cuts the same function heads; the testbed's is at hand where the real pair is not.

@@ -1,11 +1,11 @@
-"""bench/adapt_swap.py on the tiny preset: the swap in pieces is one piece per module (after the check), the
+"""bench/adapt/swap.py on the tiny preset: the swap in pieces is one piece per module (after the check), the
 report is written, and the engine drafts as before (its own weights went in again)."""
 
 from __future__ import annotations
 
 import json
 
-from bench.adapt_swap import main, measure
+from bench.adapt.swap import main, measure
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model.loader import build_empty

@@ -1,11 +1,11 @@
-"""bench/adapt_sweep.py on a tiny pair: a setting that does not learn scores exactly as version 0, and one
+"""bench/adapt/sweep.py on a tiny pair: a setting that does not learn scores exactly as version 0, and one
 that learns the target's traffic scores better on it."""
 
 from __future__ import annotations
 
 import torch
 
-from bench.adapt_sweep import examples, markdown, sweep
+from bench.adapt.sweep import examples, markdown, sweep
 from export.versions import served_tensors
 from tests.oracle import hf_greedy, make_hf_model
 

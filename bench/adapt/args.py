@@ -1,4 +1,4 @@
-"""bench/adapt.py's command line: the pair (the testbed, the default, or `--realpair`), and the defaults each
+"""bench/adapt/run.py's command line: the pair (the testbed, the default, or `--realpair`), and the defaults each
 pair's run takes where a flag is not given: the testbed's sized for its tiny models, the real pair's for a
 1.5B target on 2 cores."""
 
@@ -50,7 +50,7 @@ def shown(path: Path) -> str:
 
 
 def parse_args(argv, doc: str):
-    """The arguments, each pair's defaults filled in; `doc`: bench/adapt.py's, for --help."""
+    """The arguments, each pair's defaults filled in; `doc`: bench/adapt/run.py's, for --help."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )

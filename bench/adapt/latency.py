@@ -1,11 +1,11 @@
 """What `--adapt` costs a draft call while its trainer works, at 1 and 4 concurrent clients:
 
-    python -m bench.adapt_latency [--testbed [DIR]] [--clients 1,4] [--out DIR]
+    python -m bench.adapt.latency [--testbed [DIR]] [--clients 1,4] [--out DIR]
 
 The issue's bar: a call's p99 with the trainer at work stays within +10% of `--adapt` off. Why scripted
 targets: a real target per client would take the cores the servers need on a small machine, and the calls,
 not the target, are what is measured. Each client replays conversations whose target output is known (the
-testbed target's greedy output on bench/adapt_stream.py's prompts, the domain its drafter never saw): per
+testbed target's greedy output on bench/adapt/stream.py's prompts, the domain its drafter never saw): per
 round a v2 `/draft` call (timed), the drafts checked against the known output as a greedy target would keep
 them, then `--verify-ms` of sleep (the target's verify pass: the engine idles) and, after each
 conversation, `--think-s` (a target between two conversations: the quiet spells the trainer works in,
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from bench.adapt import servers
-from bench.adapt_args import shown
-from bench.adapt_stream import stream_prompts
+from bench.adapt.args import shown
+from bench.adapt.run import servers
+from bench.adapt.stream import stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError

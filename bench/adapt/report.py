@@ -1,4 +1,4 @@
-"""bench/adapt.py's report: the stream cut into windows (tokens per round of the fixed and the adapting
+"""bench/adapt/run.py's report: the stream cut into windows (tokens per round of the fixed and the adapting
 drafter, their ratio, the target's tokens/s measured and projected), the goals of docs/adaptation.md checked
 against them, the adaptation's costs, a terminal summary, and the files of `--out`: report.json, report.md
 (the table bench/README.md quotes) and adapt.png (tokens per round over the stream, in
@@ -71,7 +71,7 @@ def first_calls(rows: list[dict]) -> dict:
 
 
 def costs(rows: list[dict], think_s: float) -> dict:
-    """From the adapting server's counters during the think times only (bench/adapt.py's TRAINER_COUNTERS):
+    """From the adapting server's counters during the think times only (bench/adapt/run.py's TRAINER_COUNTERS):
     a training step's and a swap's time, and how much of the idle time the trainer used."""
     total = {key: sum(r["trainer_in_think"][key] for r in rows) for key in rows[0]["trainer_in_think"]}
     steps, swaps = total["training_steps"], total["swaps"] + total["rollbacks"]

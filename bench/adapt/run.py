@@ -6,9 +6,9 @@ the calls' latency compared over the stream, window by window.
     python -m bench.adapt [--testbed [DIR] | --realpair [DIR]] [--quick] [--out DIR]
 
 On the testbed pair (its FP8 weight-only drafter, trained on the Python standard library) the stream is
-this project's Markdown documentation (bench/adapt_stream.py). On the real pair (`--realpair`, as `python -m
+this project's Markdown documentation (bench/adapt/stream.py). On the real pair (`--realpair`, as `python -m
 bench.realpair fetch` leaves it) the stream is this project's own Python, function bodies to write, with
-defaults sized for its 1.5B target on 2 cores (bench/adapt_args.py): the trainer trains rank-8 adapters
+defaults sized for its 1.5B target on 2 cores (bench/adapt/args.py): the trainer trains rank-8 adapters
 (`--adapt-rank`), in 20 s of think time a prompt, since its steps take seconds. Per prompt, in this order: the target alone
 (the reference every output must equal, and the baseline tokens/s), then with drafts from the fixed
 drafter, then from the adapting one, each a new v2 session (the calls that feed the adaptation buffer),
@@ -39,9 +39,9 @@ from importlib import metadata
 import torch
 from tqdm import tqdm
 
-from bench.adapt_args import parse_args, shown
-from bench.adapt_report import print_summary, summarize, write_outputs
-from bench.adapt_stream import code_stream_prompts, stream_prompts
+from bench.adapt.args import parse_args, shown
+from bench.adapt.report import print_summary, summarize, write_outputs
+from bench.adapt.stream import code_stream_prompts, stream_prompts
 from bench.harness.decoding import (
     DRAFT_TIMEOUT_S,
     PAIR_DRAFTERS,

@@ -1,4 +1,4 @@
-"""The stream bench/adapt.py serves: prompts from a domain the testbed pair never saw. The pair was trained
+"""The stream bench/adapt/run.py serves: prompts from a domain the testbed pair never saw. The pair was trained
 on the Python standard library's modules and its reference docs (bench/testbed/corpus.py); this project's
 own Markdown documentation (docs/*.md and README.md) is prose of another kind: tables, code spans, command
 lines and the project's vocabulary. Its drafter agrees with its target there far less than on its own
@@ -28,7 +28,7 @@ from bench.testbed.corpus import Document
 from bench.testbed.train import EOS_ID
 from bench.testbed.workloads import at_token_boundary, code_prompts, prose_prompts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN = 512  # the testbed pair's trained window (bench/testbed/recipe.py)
 MAX_PROMPT_TOKENS = 256  # shorter than the window needs: the stream's time goes to decoding, not prefill
 CODE_ROOTS = ("drafter", "engine", "export")

@@ -2,7 +2,7 @@
 arrives meanwhile waits for all of it; made a piece at a time as the adaptation cycle makes it, for the
 piece under way or the commit.
 
-    python -m bench.adapt_swap [--model DIR] [--dtype bfloat16] [--repeats 3] [--threads 2] [--out DIR]
+    python -m bench.adapt.swap [--model DIR] [--dtype bfloat16] [--repeats 3] [--threads 2] [--out DIR]
 
 The model's own weights as served (adaptation's version 0) are swapped in: what a swap costs does not depend
 on their values. Per repeat, in one process and one after the other, the swap in one go

@@ -1,13 +1,13 @@
 """What the adaptation trainer's learning rate and adapter rank do to a real drafter, offline and exactly:
 held-out tokens per round over training steps, each setting against the pretrained drafter.
 
-    python -m bench.adapt_sweep [--realpair DIR] [--prompts 36] [--max-new-tokens 64] \
+    python -m bench.adapt.sweep [--realpair DIR] [--prompts 36] [--max-new-tokens 64] \
         [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] [--steps 96] [--score-every 16] [--out DIR]
 
-bench/adapt.py measures adaptation as a server does it, and on the real pair every candidate it made (rank-8
+bench/adapt/run.py measures adaptation as a server does it, and on the real pair every candidate it made (rank-8
 adapters at 1e-3) scored worse than the pretrained drafter, in a run that takes 25 minutes for ~600 target
 tokens. This replays the server's own trainer and scorer on the same stream without servers or drafting: the
-target's greedy output for each of the stream's first `--prompts` prompts (bench/adapt_stream.py: this
+target's greedy output for each of the stream's first `--prompts` prompts (bench/adapt/stream.py: this
 project's Python, function bodies), each an example as the server's buffer keeps one (the 256 tokens of
 prompt before the target's first token, then its tokens); the first two thirds of the prompts are the
 training traffic and the last third, later traffic from other modules, is held out. For each setting
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bench.adapt_args import REALPAIR_RUN
-from bench.adapt_stream import code_stream_prompts
+from bench.adapt.args import REALPAIR_RUN
+from bench.adapt.stream import code_stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# On the real 0.5B drafter (bench/adapt_sweep.py) rank-8 adapters at 1e-3, LoRA's usual step, made held-out
+# On the real 0.5B drafter (bench/adapt/sweep.py) rank-8 adapters at 1e-3, LoRA's usual step, made held-out
 # traffic worse by 9-19% within 64 steps, 3e-4 by 4-6%, and 1e-4 held it (0.98-1.00x) while learning the
 # traffic it trained on. A tiny random-weight model needs more (the tests train theirs at 3e-3).
 ADAPTER_LEARNING_RATE = 1e-4

@@ -90,7 +90,6 @@ class Engine(Warmup, DraftingAhead):
         self.branch_pages = 0
         self.ahead_step_ms: float | None = None  # wall time per step of ahead loops, a moving average
         self.weights_version = 0  # 0 as loaded, +1 per swap committed
-        self.swap_ms: float | None = None  # the last swap's commit: the time it held batches up
 
     @classmethod
     def load(cls, source: str, config: EngineConfig, lifecycle: Lifecycle | None = None) -> Engine:
@@ -126,8 +125,8 @@ class Engine(Warmup, DraftingAhead):
         self.reset_cache()
         self.count_branch_pages()
         self.sync()
-        self.swap_ms = (time.perf_counter() - began) * 1e3
-        log.info("weights version %d swapped in (%.1f ms)", self.weights_version, self.swap_ms)
+        commit_ms = (time.perf_counter() - began) * 1e3
+        log.info("weights version %d in (commit %.1f ms)", self.weights_version, commit_ms)
         return self.weights_version
 
     # -- drafting -------------------------------------------------------------------------------------
@@ -166,9 +165,10 @@ class Engine(Warmup, DraftingAhead):
     def draft(self, tokens, num_draft_tokens: int, session: str | None = None) -> list[int]:
         return self.draft_batch([DraftRequest(tokens, num_draft_tokens, session)])[0].tokens
 
-    def draft_batch(self, requests: list[DraftRequest]) -> list[DraftResult]:
+    def draft_batch(self, requests: list[DraftRequest], counted: bool = True) -> list[DraftResult]:
         """Greedy drafts for up to max_batch_size requests in one decode loop; a batch whose pages do not fit
-        the pool together is drafted in halves (one request always fits: the config guarantees it)."""
+        the pool together is drafted in halves (one request always fits: the config guarantees it); not
+        `counted` in `stats` when the server's own (a conversation cached again after a swap)."""
         cfg = self.config
         if not 1 <= len(requests) <= cfg.max_batch_size:
             raise DraftError(f"a batch holds 1 to {cfg.max_batch_size} requests, got {len(requests)}")
@@ -181,8 +181,9 @@ class Engine(Warmup, DraftingAhead):
             if len(requests) == 1:
                 raise
             half = len(requests) // 2
-            return self.draft_batch(requests[:half]) + self.draft_batch(requests[half:])
-        self.stats.add(results)
+            return self.draft_batch(requests[:half], counted) + self.draft_batch(requests[half:], counted)
+        if counted:
+            self.stats.add(results)
         self.count_branch_pages()
         return results
 

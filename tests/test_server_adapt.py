@@ -89,11 +89,16 @@ def adaptation(client) -> dict:
 
 
 def settled(client, timeout_s: float = 60) -> dict:
-    """/info's adaptation once its cycle has nothing left to do and every swapped version is saved."""
+    """/info's adaptation once its cycle has nothing left to do, every swapped version is saved and the
+    conversations are cached again after the last swap."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         info = adaptation(client)
-        if not info["round"]["busy"] and info["version"] in info["saved_versions"]:
+        if (
+            not info["round"]["busy"]
+            and info["version"] in info["saved_versions"]
+            and not info["recache"]["pending"]
+        ):
             return info
         time.sleep(0.1)
     raise AssertionError(f"adaptation never settled: {info}")
@@ -123,6 +128,7 @@ def test_server_adapts_to_the_target_and_drafts_as_the_saved_version(adapting):
     info = settled(client)
     version = info["version"]
     assert info["swaps"] >= 1 and info["training_steps"] > 0 and info["buffer"]["tokens"] > 0
+    assert info["recache"]["sessions"] >= 1  # conversations that ended before the swap
     last = info["last_candidate"]
     assert (
         last["swapped"] is False or last["candidate"]["tokens_per_round"] > last["live"]["tokens_per_round"]
@@ -161,6 +167,7 @@ def test_server_adapts_to_the_target_and_drafts_as_the_saved_version(adapting):
     assert metric_value(metrics, "drafter_adapt_version") == final["version"]
     assert metric_value(metrics, "drafter_adapt_swaps_total") == final["swaps"]
     assert metric_value(metrics, "drafter_adapt_training_steps_total") >= final["training_steps"]
+    assert metric_value(metrics, "drafter_adapt_recached_sessions_total") == final["recache"]["sessions"]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from drafter.adaptation.heap import release_freed_memory
 from drafter.adaptation.settings import CycleSettings
 from drafter.adaptation.weights import source_hf_config, source_tensors
 from drafter.scheduling.batcher import Batcher
+from drafter.server.recache_work import RecacheWork
 from drafter.sessions.draft_source import MODEL
 from drafter.sessions.speculation import Call
 from drafter.sessions.target_cost import TargetCost
@@ -98,8 +99,9 @@ class AdaptWork:
         hf_config: dict,
         dtype,
         target_round_ms: Callable[[], float] = lambda: 0.0,  # the target's longest round (longest_round_ms)
+        recache: RecacheWork | None = None,  # the conversations' caches made again after a swap
     ):
-        self.cycle, self.batcher, self.directory = cycle, batcher, directory
+        self.cycle, self.batcher, self.directory, self.recache = cycle, batcher, directory, recache
         self.target_round_ms = target_round_ms
         self.hf_config, self.dtype = hf_config, dtype
         self.drafted_by: dict[str, int] = {}  # session -> weights version of the model drafts it was sent
@@ -144,7 +146,7 @@ class AdaptWork:
         """Hand the cycle to the batcher once the engine has been quiet for its spell (checked again then)."""
         if self.posted or self.timer is not None or self.stopped_because is not None:
             return
-        if not self.cycle.has_work():
+        if not (self.cycle.has_work() or (self.recache is not None and self.recache.todo)):
             return
         loop = asyncio.get_running_loop()
         batcher = self.batcher
@@ -166,6 +168,9 @@ class AdaptWork:
         takes a background job's error for the device's. (The one step that writes the engine, the swap's
         copy, follows a check of every tensor, so it cannot fail halfway on bad weights.)"""
         try:
+            if self.recache is not None and self.recache.todo:  # the conversations first: the round waits
+                self.recache.work(stop)
+                return None
             return self.cycle.work(stop)
         except Exception as error:  # noqa: BLE001 - training or scoring failed: serving goes on
             self.stopped_because = f"{type(error).__name__}: {error}"
@@ -179,6 +184,8 @@ class AdaptWork:
             return
         if decision == "swapped" and self.directory is not None:
             self.save(self.cycle.live.number, self.cycle.live.tensors)
+        if decision in ("swapped", "rolled back") and self.recache is not None:
+            self.recache.after_swap()  # done before the cycle's next round
         self.post()
 
     def save(self, number: int, tensors: dict) -> None:
@@ -205,4 +212,5 @@ class AdaptWork:
             "directory": str(self.directory) if self.directory is not None else None,
             "saved_versions": sorted(self.saved),
             "stopped_because": self.stopped_because,
+            "recache": self.recache.counters.describe() if self.recache is not None else None,
         }

@@ -62,6 +62,13 @@ class AdaptationCollector:
             ("swap_commit_seconds", "Of it, the commits: the part that holds requests up", c.commit_s),
         ):
             yield CounterMetricFamily(f"drafter_adapt_{name}", text, value=value)
+        if self.adapt.recache is not None:
+            r = self.adapt.recache.counters
+            for name, text, value in (
+                ("recached_sessions", "Conversations prefilled again while idle after a swap", r.sessions),
+                ("recache_seconds", "Engine-thread time spent prefilling them", r.seconds),
+            ):
+                yield CounterMetricFamily(f"drafter_adapt_{name}", text, value=value)
         yield GaugeMetricFamily(
             "drafter_adapt_buffer_tokens",
             "Token ids in the traffic buffer",

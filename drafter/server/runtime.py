@@ -22,6 +22,7 @@ from drafter.server.adapt_work import AdaptWork, build_cycle, longest_round_ms
 from drafter.server.ahead_work import AheadWork
 from drafter.server.config import ServerConfig
 from drafter.server.metrics import Metrics
+from drafter.server.recache_work import RecacheWork
 from drafter.server.request_body import BodyDeadlines
 from drafter.server.validation import Limits
 from drafter.sessions.ahead import DraftAhead
@@ -196,6 +197,7 @@ class Runtime:
                 cycle.hf_config,
                 cycle.dtype,
                 lambda: longest_round_ms(self.speculation.policy.target),
+                RecacheWork(engine, self.speculation.sessions),
             )
             self.speculation.on_verified = self.adapt.verified
             self.metrics.watch_adaptation(self.adapt)

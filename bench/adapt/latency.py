@@ -35,7 +35,7 @@ from bench.adapt.stream import stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
-from bench.harness.report import percentiles, write_report
+from bench.harness.report import percentiles, publish
 from bench.testbed import PAIR
 from drafter.client import DraftClient
 
@@ -224,10 +224,7 @@ def main(argv=None) -> int:
     except (BenchError, OSError, RuntimeError, TimeoutError) as error:
         print(f"adapt_latency: error: {error}", file=sys.stderr)
         return 2
-    text = markdown(report)
-    if args.out:
-        write_report(args.out, report, text)
-    print(text)
+    publish(report, markdown(report), args.out)
     return 0
 
 

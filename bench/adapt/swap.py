@@ -26,7 +26,7 @@ import torch
 from bench.adapt.args import REALPAIR_RUN
 from bench.harness.decoding import PAIR_DRAFTERS
 from bench.harness.machine import describe
-from bench.harness.report import write_report
+from bench.harness.report import publish
 from bench.realpair.benchmark import DEFAULT_DIR
 from drafter.adaptation.weights import source_tensors
 from engine.config import EngineConfig
@@ -143,10 +143,7 @@ def main(argv=None) -> int:
         },
         "machine": describe("cpu"),
     }
-    text = markdown(report)
-    print(text)
-    if args.out is not None:
-        write_report(args.out, report, text)
+    publish(report, markdown(report), args.out)
     return 0
 
 

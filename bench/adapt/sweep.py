@@ -37,7 +37,7 @@ from bench.adapt.stream import code_stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
-from bench.harness.report import write_report
+from bench.harness.report import publish
 from bench.realpair.benchmark import DEFAULT_DIR, check_fetched
 from drafter.adaptation.buffer import Example, TrafficBuffer
 from drafter.adaptation.score import Score, score
@@ -240,10 +240,7 @@ def main(argv=None) -> int:
         },
         "machine": describe("cpu"),
     }
-    text = markdown(report)
-    print(text)
-    if args.out is not None:
-        write_report(args.out, report, text)
+    publish(report, markdown(report), args.out)
     return 0
 
 

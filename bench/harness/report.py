@@ -139,3 +139,10 @@ def write_report(directory: Path, report: dict, markdown: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (directory / "report.md").write_text(markdown)
+
+
+def publish(report: dict, markdown: str, directory: Path | None) -> None:
+    """A benchmark's markdown on stdout, and both files in `directory` when one is given (`--out`)."""
+    if directory is not None:
+        write_report(directory, report, markdown)
+    print(markdown)

@@ -43,7 +43,7 @@ from bench.harness.gpu_floors import GPU_MODELS
 from bench.harness.machine import describe
 from bench.harness.projection import project
 from bench.harness.prompts import WARMUP_PROMPT_LEN, WARMUP_SEED, BenchError, random_prompts
-from bench.harness.report import write_report
+from bench.harness.report import publish
 from bench.realpair import benchmark as realpair
 from bench.realpair.rounds_report import markdown
 from drafter.client import AsyncDraftClient, DraftClient
@@ -271,8 +271,5 @@ def add_parser(commands) -> None:
 
 def main(args: argparse.Namespace) -> int:
     report = run(args)
-    text = markdown(report)
-    if args.out:
-        write_report(args.out, report, text)
-    print(text)
+    publish(report, markdown(report), args.out)
     return 0

@@ -29,6 +29,7 @@ from bench.harness.machine import describe
 from bench.harness.report import publish
 from bench.realpair.benchmark import DEFAULT_DIR
 from drafter.adaptation.weights import source_tensors
+from drafter.server.recache_work import recache
 from engine.config import EngineConfig
 from engine.engine import DTYPES, Engine
 from engine.model.errors import LoadError
@@ -60,12 +61,12 @@ def in_pieces(engine: Engine, tensors: dict[str, torch.Tensor]) -> dict:
 
 def next_call(engine: Engine, tensors: dict[str, torch.Tensor], context: list[int], recached: bool) -> dict:
     """A conversation's next call after a swap, its context cached before it: it prefills all of it again, or
-    finds it `recached` (the very call drafter/server/recache_work.py makes while the engine is quiet). Its
+    finds it `recached` by the server's own call (drafter/server/recache_work.py). Its
     seconds, and the context tokens it found cached."""
     engine.draft_batch([DraftRequest(context, K, "conversation")])
     engine.swap_weights(tensors)
     if recached:
-        engine.draft_batch([DraftRequest(context, 1, "conversation")], counted=False)
+        recache(engine, context, "conversation")
     began = time.perf_counter()
     result = engine.draft_batch([DraftRequest([*context, context[0]], K, "conversation")])[0]
     return {"seconds": time.perf_counter() - began, "cached": result.cached}

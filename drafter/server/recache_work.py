@@ -47,6 +47,12 @@ class RecacheCounters:
         }
 
 
+def recache(engine: Engine, context: np.ndarray | list[int], name: str) -> int:
+    """Cache a session's context as its next call would (one step decoded past it, answered to no one and
+    counted in no request statistics); the tokens prefilled."""
+    return engine.draft_batch([DraftRequest(context, 1, name)], counted=False)[0].prefilled
+
+
 class RecacheWork:
     def __init__(self, engine: Engine, sessions: SessionTable):
         self.engine, self.sessions = engine, sessions
@@ -79,9 +85,8 @@ class RecacheWork:
                 self.counters.skipped += 1
             else:
                 began = time.perf_counter()
-                try:  # as its next call would: one step decoded past the context, answered to no one
-                    request = DraftRequest(context, 1, session.name)
-                    self.counters.tokens += self.engine.draft_batch([request], counted=False)[0].prefilled
+                try:
+                    self.counters.tokens += recache(self.engine, context, session.name)
                     self.counters.sessions += 1
                 except DraftError as error:  # no room beside the others now: its call will prefill it
                     log.info("not cached again after the swap: %s", error)

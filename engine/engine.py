@@ -14,7 +14,7 @@ import bisect
 import functools
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Collection, Generator
 
 import numpy as np
 import torch
@@ -103,19 +103,23 @@ class Engine(Warmup, DraftingAhead):
         cfg = self.config
         self.table = SequenceTable(self.pool.num_pages, cfg.page_size, cfg.max_pages_per_seq)
 
-    def swap_weights(self, tensors: dict[str, torch.Tensor]) -> int:
+    def swap_weights(self, tensors: dict[str, torch.Tensor], shared: Collection[str] = ()) -> int:
         """Serve new weights from the next batch on (`weight_swap` in one go). Returns the new weights
         version."""
-        return run_through(self.weight_swap(tensors))
+        return run_through(self.weight_swap(tensors, shared))
 
-    def weight_swap(self, tensors: dict[str, torch.Tensor]) -> Generator[None, None, int]:
+    def weight_swap(
+        self, tensors: dict[str, torch.Tensor], shared: Collection[str] = ()
+    ) -> Generator[None, None, int]:
         """New weights, a checkpoint's tensors in the served layout (export/versions.py), made ready beside
         the live ones a piece at a time (engine/swap.py: between two pieces, a yield, batches may run on the
         old weights), then committed: copied into the live tensors, so compiled code and graphs stay valid.
-        Every cached sequence, prefix-index entry and drafted-ahead branch holds keys and values of the old
-        weights, so all are dropped, with queued branch adoptions (they name the old table's sequences). Run
-        it on the thread that drafts, between batches. Returns the new weights version."""
-        swap = WeightSwap(self.loaded, tensors, DTYPES[self.config.dtype], self.device)
+        `shared`: names of tensors whose values the engine serves already (what a new version shares with
+        the live one): checked like the rest, neither made again nor copied. Every cached sequence,
+        prefix-index entry and drafted-ahead branch holds keys and values of the old weights, so all are
+        dropped, with queued branch adoptions (they name the old table's sequences). Run it on the thread
+        that drafts, between batches. Returns the new weights version."""
+        swap = WeightSwap(self.loaded, tensors, DTYPES[self.config.dtype], self.device, shared)
         yield from swap.pieces()
         began = time.perf_counter()
         # Raised before the copy: a drafted-ahead answer read meanwhile on the event loop is then stale.

@@ -13,7 +13,7 @@ are of the old weights, and the engine drops them (`Engine.weight_swap`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator, Iterator
+from collections.abc import Collection, Generator, Iterator
 from typing import TypeVar
 
 import torch
@@ -46,8 +46,16 @@ class WeightSwap:
     On the real 0.5B drafter (bf16, 2 cores) packing its linears is ~1.1 s of a swap's ~1.2 s: done whole, a
     request arriving meanwhile waited for all of it."""
 
-    def __init__(self, loaded: LoadedModel, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device,
+        shared: Collection[str] = (),  # names whose values are served already: checked, not put in again
+    ):
         self.loaded, self.tensors, self.dtype, self.device = loaded, tensors, dtype, device
+        self.shared = frozenset(shared)
         self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (live tensor, its new value)
         self.installs: list[tuple[nn.Module, dict]] = []  # (packed linear, its new attributes)
         self.ready = False
@@ -58,12 +66,24 @@ class WeightSwap:
         by_module = check_weights(self.loaded, self.tensors, self.dtype, self.device)
         yield
         model = self.loaded.model
-        for name, values in by_module.items():
+        # A module is made again whole if any of its tensors is new (a packed linear packs weight and bias
+        # together), and left as it is if none is: on a real drafter the embedding is most of the commit.
+        changed = {
+            name: values
+            for name, values in by_module.items()
+            if any(f"{name}.{attribute}" not in self.shared for attribute in values)
+        }
+        for name, values in changed.items():
             self.prepare(model.get_submodule(name), values)
             yield
-        if self.loaded.config.tie_word_embeddings and isinstance(model.lm_head, CpuLinear):
+        embedding = "model.embed_tokens"
+        if (
+            embedding in changed
+            and self.loaded.config.tie_word_embeddings
+            and isinstance(model.lm_head, CpuLinear)
+        ):
             head = model.lm_head  # a packed copy of the embedding: packed from the new one
-            attributes = head.pack(by_module["model.embed_tokens"]["weight"], None)
+            attributes = head.pack(by_module[embedding]["weight"], None)
             if head.kind != "onednn":  # its plain weight is the embedding table itself, as at load
                 attributes["weight_"] = model.model.embed_tokens.weight.detach()
             self.installs.append((head, attributes))

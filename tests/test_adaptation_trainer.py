@@ -45,3 +45,17 @@ def test_training_lowers_the_loss_and_its_state_is_the_trained_model(name, rank,
         assert torch.allclose(merged(ids).logits, trainer.model(ids).logits, atol=1e-4)
     embedding = "model.embed_tokens.weight"
     assert torch.equal(trainer.state()[embedding], state[embedding])  # frozen either way
+
+
+def test_a_request_after_the_backward_leaves_the_update_for_the_next_call(one_thread):
+    """The update (clipping, AdamW) is a piece of its own: a request arriving after the backward finds it
+    not begun, and the next call makes exactly the step an uninterrupted trainer made."""
+    model, hf_config, examples = setup("gqa2-untied")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    whole, cut = (Trainer(hf_config, state, 3e-3, 64, adapter_rank=8) for _ in range(2))
+    loss = whole.step(examples)
+    assert cut.step(examples, stop=lambda: cut.pending_loss is not None) is None
+    assert all(torch.equal(cut.state()[k], v) for k, v in state.items() if k in cut.state())  # no update yet
+    assert cut.step(examples) == loss
+    assert all(torch.equal(cut.state()[k], v) for k, v in whole.state().items())
+    assert not all(torch.equal(whole.state()[k], v) for k, v in state.items() if k in whole.state())

@@ -64,9 +64,21 @@ class Contest:
 
     def load(self, version: Version) -> Iterator[None]:
         """The scorer holds `version` once this is through (copied into its parameters, dequantized: a tied
-        lm_head is the embedding it shares)."""
+        lm_head is the embedding it shares). Tensors the version shares with the one the scorer holds (the
+        cycle's versions share all that training leaves as it was) are there already."""
+        held = self.holds.tensors if self.holds is not None else {}
         self.holds = None  # part this version, part another, until the last tensor
-        for name, tensor in dense_items(version.tensors):
+        tensors = version.tensors
+        changed = {}
+        for name, tensor in tensors.items():
+            scale = f"{name}_scale"  # an FP8 weight's, dequantized with it
+            if not name.endswith("_scale") and (
+                held.get(name) is not tensor or held.get(scale) is not tensors.get(scale)
+            ):
+                changed[name] = tensor
+                if scale in tensors:
+                    changed[scale] = tensors[scale]
+        for name, tensor in dense_items(changed):
             with torch.no_grad():  # not around the yield: the caller's grad mode is its own
                 self.scorer.get_parameter(name).copy_(tensor)
             yield

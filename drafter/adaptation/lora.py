@@ -51,14 +51,16 @@ def add_adapters(model: nn.Module, rank: int, alpha: float, seed: int = 0) -> li
     return trained
 
 
-def merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_tensors(model: nn.Module, trained_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """`model`'s weights with every adapter merged in, under transformers' own names (copies, on the CPU),
-    one tensor at a time."""
+    one tensor at a time; `trained_only`: the merged weights alone (every other tensor is frozen)."""
     for name, module in model.named_modules():
         if isinstance(module, LoraLinear):
             yield f"{name}.weight", module.merged_weight().detach().cpu()
-            if module.base.bias is not None:
+            if module.base.bias is not None and not trained_only:
                 yield f"{name}.bias", module.base.bias.detach().cpu().clone()
+    if trained_only:
+        return
     for name, tensor in model.state_dict().items():
         if ".lora_" in name or ".base." in name:
             continue

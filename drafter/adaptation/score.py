@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from drafter.adaptation.buffer import Example
-from drafter.adaptation.preempt import Preempted
+from drafter.adaptation.head import logits
 
-SCORE_CHUNK = 64  # positions whose logits are computed at once
+SCORE_CHUNK = 64  # positions whose logits are computed at once (39 MB of them on a 152k vocabulary)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +60,16 @@ def replay(agree: list[bool], num_draft_tokens: int) -> tuple[int, int]:
 
 def agreement(model, example: Example, stop: Callable[[], bool] = lambda: False) -> list[bool]:
     """Per target token of `example`: whether `model`'s (a transformers causal LM's) greedy token given the
-    true prefix before it is it. The lm_head runs SCORE_CHUNK positions at a time, `stop()` asked between
-    (inside `preemptible` its layers ask too): Preempted, when it says so."""
+    true prefix before it is it. The lm_head runs SCORE_CHUNK positions at a time, a slice of the vocabulary
+    at a time (drafter/adaptation/head.py), `stop()` asked between (inside `preemptible` its layers ask
+    too): Preempted, when it says so."""
     ids = torch.tensor([example.tokens])
     targets = ids[0, example.num_context :]
     predicted = []
     with torch.no_grad():
         hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[0, example.num_context - 1 :]
         for start in range(0, len(targets), SCORE_CHUNK):
-            if stop():
-                raise Preempted
-            predicted.append(model.lm_head(hidden[start : start + SCORE_CHUNK]).argmax(-1))
+            predicted.append(logits(model.lm_head, hidden[start : start + SCORE_CHUNK], stop).argmax(-1))
     return (torch.cat(predicted) == targets).tolist()
 
 

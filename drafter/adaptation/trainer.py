@@ -15,13 +15,11 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from drafter.adaptation.buffer import Example
+from drafter.adaptation.head import cross_entropy_backward
 from drafter.adaptation.lora import add_adapters, merged_tensors
 from drafter.adaptation.preempt import Preempted, preemptible
-
-LOSS_CHUNK = 16  # target positions whose logits are computed at once (bench-cpu: ~0.1 s of lm_head each)
 
 
 def hf_model(hf_config: dict, state: dict[str, torch.Tensor], device="cpu"):
@@ -62,6 +60,7 @@ class Trainer:
 
     def reset(self, state: dict[str, torch.Tensor]) -> None:
         """Start again from `state` (a version rolled back to), with fresh optimizer state."""
+        self.pending_loss: float | None = None  # a step's loss while its update waits (`step`)
         self.model = hf_model(self.hf_config, state, self.device)
         if self.adapter_rank:
             trained = add_adapters(self.model, self.adapter_rank, alpha=2.0 * self.adapter_rank)
@@ -84,51 +83,55 @@ class Trainer:
 
     def step(self, examples: Sequence[Example], stop: Callable[[], bool] = lambda: False) -> float | None:
         """One optimizer step on a window of a random example; its loss, or None if `stop()` turned true
-        during it (between two decoder layers: the step is dropped, no weight changed)."""
+        during it: between two decoder layers the step is dropped, no weight changed; past the backward,
+        its update (clipping and AdamW: 40 ms of adapters on the real drafter, after the first layer's
+        backward) is left for the next call, which makes it and returns the loss."""
+        if self.pending_loss is not None:
+            return self.update()
         ids, num_context = self.window(self.rng.choice(examples))
         ids = torch.tensor([ids], device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
         self.model.train()
         try:
             with preemptible(self.model, stop):
-                loss = self.forward_backward(ids, num_context, stop)
+                self.pending_loss = self.forward_backward(ids, num_context, stop)
         except Preempted:
             self.optimizer.zero_grad(set_to_none=True)
             return None
         finally:
             self.model.eval()
+        return None if stop() else self.update()
+
+    def update(self) -> float:
+        """The optimizer's step on the gradients of the last forward and backward: that step's loss."""
         torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], 1.0)
         self.optimizer.step()
+        loss, self.pending_loss = self.pending_loss, None
         return loss
 
     def forward_backward(self, ids: torch.Tensor, num_context: int, stop: Callable[[], bool]) -> float:
-        """The mean cross-entropy of the target tokens, its gradients accumulated. The lm_head (frozen) and
-        the loss run LOSS_CHUNK positions at a time, asking `stop()` between chunks: on a large vocabulary
-        they are most of a step, and the layers' hooks alone would let a request wait through all of them.
-        Then one backward through the layers from the hidden states' gradient."""
+        """The mean cross-entropy of the target tokens, its gradients accumulated. The lm_head (frozen) runs
+        a slice of the vocabulary at a time, asking `stop()` between (drafter/adaptation/head.py): on a
+        large vocabulary it is the longest part of a step, and the layers' hooks alone would let a request
+        wait through it. Then one backward through the layers from the hidden states' gradient."""
         hidden = self.model.model(input_ids=ids[:, :-1]).last_hidden_state[0, num_context - 1 :]
-        targets = ids[0, num_context:]
-        detached = hidden.detach().requires_grad_()
-        total = 0.0
-        for start in range(0, len(targets), LOSS_CHUNK):
-            if stop():
-                raise Preempted
-            part = slice(start, start + LOSS_CHUNK)
-            logits = self.model.lm_head(detached[part]).float()
-            loss = F.cross_entropy(logits, targets[part], reduction="sum") / len(targets)
-            loss.backward()
-            total += loss.item()
-        hidden.backward(detached.grad)
-        return total
+        return cross_entropy_backward(self.model.lm_head, hidden, ids[0, num_context:], stop)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The master weights now, adapters merged (copies: training goes on)."""
         return dict(self.tensors())
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """`state()` one tensor at a time: a candidate is made in pieces a request can come between."""
+    def tensors(self, trained_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """`state()` one tensor at a time: a candidate is made in pieces a request can come between.
+        `trained_only`: just the tensors training changes; every other one is as the trainer started (the
+        embedding, and with adapters every tensor but the merged linears' weights)."""
         if self.adapter_rank:
-            yield from merged_tensors(self.model)
+            yield from merged_tensors(self.model, trained_only)
+            return
+        if trained_only:
+            for name, parameter in self.model.named_parameters():
+                if parameter.requires_grad:
+                    yield name, parameter.detach().to("cpu", copy=True)
             return
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach().to("cpu", copy=True)

@@ -66,6 +66,12 @@ def test_the_real_pair_missing_is_one_line_naming_the_fetch_and_its_stream_is_th
     assert len(error.splitlines()) == 1 and "python -m bench.realpair fetch" in error
     with pytest.raises(SystemExit):  # one pair at a time
         main(["--realpair", "--testbed"])
+    from bench.adapt.latency import main as latency_main
+
+    capsys.readouterr()  # the usage error's
+    assert latency_main(["--realpair", str(tmp_path / "nowhere")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "python -m bench.realpair fetch" in error
 
     from bench.adapt.stream import code_stream_prompts
     from bench.testbed import PAIR

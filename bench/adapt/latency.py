@@ -1,11 +1,12 @@
 """What `--adapt` costs a draft call while its trainer works, at 1 and 4 concurrent clients:
 
-    python -m bench.adapt.latency [--testbed [DIR]] [--clients 1,4] [--out DIR]
+    python -m bench.adapt.latency [--testbed [DIR] | --realpair [DIR]] [--clients 1,4] [--out DIR]
 
 The issue's bar: a call's p99 with the trainer at work stays within +10% of `--adapt` off. Why scripted
 targets: a real target per client would take the cores the servers need on a small machine, and the calls,
 not the target, are what is measured. Each client replays conversations whose target output is known (the
-testbed target's greedy output on bench/adapt/stream.py's prompts, the domain its drafter never saw): per
+testbed target's greedy output on bench/adapt/stream.py's prompts, the domain its drafter never saw; with
+`--realpair`, the real 1.5B target's on this project's Python, its drafter served as bench.adapt serves it): per
 round a v2 `/draft` call (timed), the drafts checked against the known output as a greedy target would keep
 them, then `--verify-ms` of sleep (the target's verify pass: the engine idles) and, after each
 conversation, `--think-s` (a target between two conversations: the quiet spells the trainer works in,
@@ -29,17 +30,17 @@ from pathlib import Path
 
 import torch
 
-from bench.adapt.args import shown
+from bench.adapt.args import REALPAIR_DIR, REALPAIR_RUN, shown
 from bench.adapt.run import servers
-from bench.adapt.stream import stream_prompts
+from bench.adapt.stream import code_stream_prompts, stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
 from bench.harness.report import percentiles, publish
+from bench.realpair.benchmark import check_fetched
 from bench.testbed import PAIR
 from drafter.client import DraftClient
 
-K = 8
 COUNTERS = (
     "training_steps",
     "training_seconds",
@@ -57,20 +58,39 @@ def client_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+# Each pair's defaults. The real pair (a 1.5B target, ~0.5 s a verify on 2 cores): its drafter served as
+# bench.adapt --realpair serves it, and think time long enough for the trainer to start (its quiet spell is
+# twice the target's longest round, drafter/server/adapt_work.py) and be met mid-step by the next call.
+TESTBED = {"num_draft_tokens": 8, "prompts": 24, "max_new_tokens": 96, "verify_ms": 20.0, "think_s": 0.3,
+           "repeats": 2, "target_threads": 1, "dtype": "float32", "adapt_rank": 0}  # fmt: skip
+REALPAIR = {**TESTBED, "num_draft_tokens": REALPAIR_RUN["num_draft_tokens"], "prompts": 12,
+            "max_new_tokens": 48, "verify_ms": 500.0, "think_s": 4.0, "repeats": 1,
+            "target_threads": REALPAIR_RUN["target_threads"], "dtype": REALPAIR_RUN["dtype"],
+            "adapt_rank": REALPAIR_RUN["adapt_rank"]}  # fmt: skip
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--testbed", nargs="?", const=PAIR, default=PAIR, type=Path, metavar="DIR",
-                        help="the testbed pair's directory [the committed pair]")  # fmt: skip
+    pairs = parser.add_mutually_exclusive_group()
+    pairs.add_argument("--testbed", nargs="?", const=PAIR, type=Path, metavar="DIR",
+                       help="the testbed pair's directory [the committed pair; the default pair]")  # fmt: skip
+    pairs.add_argument("--realpair", nargs="?", const=REALPAIR_DIR, type=Path, metavar="DIR",
+                       help=f"the real pair's directory [{shown(REALPAIR_DIR)}]")  # fmt: skip
     parser.add_argument("--clients", type=client_counts, default=(1, 4), help="client counts [1,4]")
-    parser.add_argument("--prompts", type=int, default=24, help="conversations per pass [24]")
-    parser.add_argument("--max-new-tokens", type=int, default=96, help="per conversation [96]")
-    parser.add_argument("--verify-ms", type=float, default=20.0, help="the target's pass per round [20]")
-    parser.add_argument("--think-s", type=float, default=0.3, help="between conversations [0.3]")
-    parser.add_argument("--repeats", type=int, default=2, help="off/on passes per client count [2]")
+    parser.add_argument("--prompts", type=int, help="conversations per pass [24; real pair 12]")
+    parser.add_argument("--max-new-tokens", type=int, help="per conversation [96; real pair 48]")
+    parser.add_argument("--verify-ms", type=float, help="the target's pass per round [20; real pair 500]")
+    parser.add_argument("--think-s", type=float, help="between conversations [0.3; real pair 4]")
+    parser.add_argument("--repeats", type=int, help="off/on passes per client count [2; real pair 1]")
     parser.add_argument("--out", type=Path, help="write report.json and report.md here")
     args = parser.parse_args(argv)
+    args.pair = "realpair" if args.realpair else "testbed"
+    args.directory = args.realpair or args.testbed or PAIR
+    for key, value in (REALPAIR if args.realpair else TESTBED).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     if min(args.prompts, args.max_new_tokens, args.repeats) < 1 or min(args.verify_ms, args.think_s) < 0:
         parser.error("--prompts, --max-new-tokens and --repeats must be positive, the times not negative")
     return args
@@ -82,7 +102,7 @@ def converse(client: DraftClient, name: str, prompt: list[int], output: list[int
     with client.session(name) as session:
         while done < len(output):
             began = time.perf_counter()
-            drafts = session.draft(context, K)
+            drafts = session.draft(context, args.num_draft_tokens)
             call_ms.append((time.perf_counter() - began) * 1e3)
             if drafts.skipped is not None:
                 raise BenchError(f"a draft call was not answered ({drafts.skipped})")
@@ -131,15 +151,28 @@ def trainer_counts(client: DraftClient) -> dict:
 
 
 def run(args) -> dict:
-    prompts, source = stream_prompts(args.prompts, args.max_new_tokens)
-    torch.set_num_threads(1)
-    target = load_target(args.testbed / "target", "cpu", "float32")
+    drafter_dir = args.directory / PAIR_DRAFTERS["weight-only"]
+    if args.pair == "realpair":
+        check_fetched(args.directory, drafter_dir.name)
+        prompts, source = code_stream_prompts(args.prompts, args.directory / "target" / "tokenizer.json")
+    else:
+        prompts, source = stream_prompts(args.prompts, args.max_new_tokens)
+    torch.set_num_threads(args.target_threads)
+    target = load_target(args.directory / "target", "cpu", "float32")
     conversations = [(p["tokens"], target_greedy(target, p["tokens"], args.max_new_tokens)) for p in prompts]
     del target
-    drafter_dir = args.testbed / PAIR_DRAFTERS["weight-only"]
-    flags = ["--model", str(drafter_dir), "--device", "cpu", "--request-timeout-s", "60"]
+    flags = [
+        "--model",
+        str(drafter_dir),
+        "--device",
+        "cpu",
+        "--dtype",
+        args.dtype,
+        "--request-timeout-s",
+        "60",
+    ]
     rows, started = [], time.monotonic()
-    with servers(flags) as (off_client, on, on_client):
+    with servers(flags, args.adapt_rank) as (off_client, on, on_client):
         urls = {"off": off_client.url, "on": on_client.url}
         on.signal(signal.SIGSTOP)  # paused whenever the other is timed
         paused = True
@@ -179,12 +212,15 @@ def run(args) -> dict:
         "rows": rows,
         "adaptation": adaptation,
         "config": {
-            "pair": shown(args.testbed),
+            "pair": shown(args.directory),
+            "pair_kind": args.pair,
             "drafter": shown(drafter_dir),
+            "dtype": args.dtype,
+            "adapt_rank": args.adapt_rank,
             "stream": source,
             "prompts": len(conversations),
             "max_new_tokens": args.max_new_tokens,
-            "num_draft_tokens": K,
+            "num_draft_tokens": args.num_draft_tokens,
             "verify_ms": args.verify_ms,
             "think_s": args.think_s,
             "repeats": args.repeats,
@@ -197,7 +233,9 @@ def run(args) -> dict:
 def markdown(report: dict) -> str:
     config, machine = report["config"], report["machine"]
     lines = [
-        f"Testbed drafter {config['drafter']} (k = {K}, model drafts), {config['prompts']} conversations of up to "
+        f"Drafter {config['drafter']} ({config.get('dtype', 'float32')}, --adapt-rank "
+        f"{config.get('adapt_rank', 0)}, k = {config['num_draft_tokens']}, model drafts), {config['prompts']} "
+        "conversations of up to "
         f"{config['max_new_tokens']} target tokens per pass, a {config['verify_ms']:.0f} ms verify per round, "
         f"{config['think_s']} s between conversations, {config['repeats']} off/on passes per client count; "
         f"{machine.get('cpu', '?')}, {machine.get('cpu_cores', '?')} cores; {config['wall_s'] / 60:.1f} min.",

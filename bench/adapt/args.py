@@ -87,3 +87,12 @@ def parse_args(argv, doc: str):
             "--prompts, --max-new-tokens, --window and --target-threads must be positive, --think-s not negative"
         )
     return args
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    """--model for a benchmark that loads the drafter in its own process (bench.adapt.swap, .preempt)."""
+    parser.add_argument(
+        "--model",
+        default=str(REALPAIR_DIR / PAIR_DRAFTERS["weight-only"]),
+        help="a checkpoint directory or preset [the real pair's FP8 weight-only drafter]",
+    )

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.adapt.args import REALPAIR_DIR, REALPAIR_RUN, shown
-from bench.adapt.run import servers
+from bench.adapt.run import server_flags, servers
 from bench.adapt.stream import code_stream_prompts, stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
@@ -161,16 +161,7 @@ def run(args) -> dict:
     target = load_target(args.directory / "target", "cpu", "float32")
     conversations = [(p["tokens"], target_greedy(target, p["tokens"], args.max_new_tokens)) for p in prompts]
     del target
-    flags = [
-        "--model",
-        str(drafter_dir),
-        "--device",
-        "cpu",
-        "--dtype",
-        args.dtype,
-        "--request-timeout-s",
-        "60",
-    ]
+    flags = server_flags(drafter_dir, args.dtype)
     rows, started = [], time.monotonic()
     with servers(flags, args.adapt_rank) as (off_client, on, on_client):
         urls = {"off": off_client.url, "on": on_client.url}

@@ -27,9 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.adapt.args import REALPAIR_RUN
+from bench.adapt.args import REALPAIR_RUN, add_model_argument
 from bench.adapt.stream import code_stream_prompts
-from bench.harness.decoding import PAIR_DRAFTERS
 from bench.harness.machine import describe
 from bench.harness.report import publish
 from bench.realpair.benchmark import DEFAULT_DIR
@@ -128,11 +127,7 @@ def markdown(report: dict) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=str(DEFAULT_DIR / PAIR_DRAFTERS["weight-only"]),
-        help="a checkpoint directory or preset [the real pair's FP8 weight-only drafter]",
-    )
+    add_model_argument(parser)
     parser.add_argument("--tokenizer", type=Path, default=DEFAULT_DIR / "target" / "tokenizer.json",
                         help="the traffic's tokenizer [the real pair's]")  # fmt: skip
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=REALPAIR_RUN["dtype"], help="served dtype")

@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 from importlib import metadata
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -75,6 +76,15 @@ TRAINER_COUNTERS = (
     "swap_commit_seconds",
 )
 GPU = {"testbed": GPU_MODELS["qwen3-8b"], "realpair": GPU_MODELS["qwen2.5-coder-1.5b"]}  # as bench.acceptance
+
+
+def server_flags(drafter_dir: Path, dtype: str, *more: str) -> list[str]:
+    """Both servers' flags (`servers` adds --adapt to one): the pair's drafter on the CPU in `dtype`. A
+    benchmark waits for every draft: a call queued past the server's default 1 s (a busy machine, both
+    servers alike) is dropped with a 504, and a skipped draft stops the stream (the first full run on a busy
+    machine stopped on 2 skipped calls, its logs gone with its servers: most likely this)."""
+    timeout = ["--request-timeout-s", str(DRAFT_TIMEOUT_S)]
+    return ["--model", str(drafter_dir), "--device", "cpu", "--dtype", dtype, *timeout, *more]
 
 
 @contextlib.contextmanager
@@ -150,20 +160,7 @@ def run(args) -> dict:
     [warmup] = random_prompts(model.config.vocab_size, WARMUP_PROMPT_LEN, (WARMUP_PROMPT_LEN,), WARMUP_SEED)
     cost_flags, verify_ms, token_ms = target_cost_flags(model, warmup, args)
     drafter_dir = args.directory / PAIR_DRAFTERS[args.drafter]
-    # A benchmark waits for every draft: a call queued past the server's default 1 s (a busy machine, both
-    # servers alike) is dropped with a 504, and a skipped draft stops the stream (the first full run on a
-    # busy machine stopped on 2 skipped calls, its logs gone with its servers: most likely this).
-    flags = [
-        "--model",
-        str(drafter_dir),
-        "--device",
-        "cpu",
-        "--dtype",
-        args.dtype,
-        "--request-timeout-s",
-        str(DRAFT_TIMEOUT_S),
-        *cost_flags,
-    ]
+    flags = server_flags(drafter_dir, args.dtype, *cost_flags)
     print(f"drafter servers on {drafter_dir}, --adapt off and on", file=sys.stderr)
     started = time.monotonic()
     with servers(flags, args.adapt_rank) as (off_client, on, on_client):

@@ -23,11 +23,9 @@ from pathlib import Path
 
 import torch
 
-from bench.adapt.args import REALPAIR_RUN
-from bench.harness.decoding import PAIR_DRAFTERS
+from bench.adapt.args import REALPAIR_RUN, add_model_argument
 from bench.harness.machine import describe
 from bench.harness.report import publish
-from bench.realpair.benchmark import DEFAULT_DIR
 from drafter.adaptation.weights import source_tensors
 from drafter.server.recache_work import recache
 from engine.config import EngineConfig
@@ -110,11 +108,7 @@ def markdown(report: dict) -> str:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=str(DEFAULT_DIR / PAIR_DRAFTERS["weight-only"]),
-        help="a checkpoint directory or preset [the real pair's FP8 weight-only drafter]",
-    )
+    add_model_argument(parser)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="served dtype [bfloat16]")
     parser.add_argument("--repeats", type=int, default=3, help="swaps of each kind [3]")
     parser.add_argument("--context", type=int, default=1024, help="a conversation's context, tokens [1024]")

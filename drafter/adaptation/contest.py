@@ -29,6 +29,12 @@ class Version:
     tensors: dict[str, torch.Tensor]  # the served layout (export/versions.py): what the engine holds
 
 
+def shared_names(tensors: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> set[str]:
+    """Names whose tensor is the very one `other` holds: versions share what training leaves as it was
+    (drafter/adaptation/cycle.py), so those are neither loaded nor swapped in again."""
+    return {name for name, tensor in tensors.items() if other.get(name) is tensor}
+
+
 class Contest:
     def __init__(self, hf_config: dict, tensors: dict[str, torch.Tensor], device):
         self.scorer = hf_model(hf_config, dense_state(tensors), device)
@@ -66,18 +72,15 @@ class Contest:
         """The scorer holds `version` once this is through (copied into its parameters, dequantized: a tied
         lm_head is the embedding it shares). Tensors the version shares with the one the scorer holds (the
         cycle's versions share all that training leaves as it was) are there already."""
-        held = self.holds.tensors if self.holds is not None else {}
-        self.holds = None  # part this version, part another, until the last tensor
         tensors = version.tensors
-        changed = {}
-        for name, tensor in tensors.items():
-            scale = f"{name}_scale"  # an FP8 weight's, dequantized with it
-            if not name.endswith("_scale") and (
-                held.get(name) is not tensor or held.get(scale) is not tensors.get(scale)
-            ):
-                changed[name] = tensor
-                if scale in tensors:
-                    changed[scale] = tensors[scale]
+        same = shared_names(tensors, self.holds.tensors if self.holds is not None else {})
+        self.holds = None  # part this version, part another, until the last tensor
+
+        def differs(weight: str) -> bool:  # an FP8 weight is dequantized with its scale: both go if one does
+            scale = f"{weight}_scale"
+            return weight not in same or (scale in tensors and scale not in same)
+
+        changed = {name: t for name, t in tensors.items() if differs(name.removesuffix("_scale"))}
         for name, tensor in dense_items(changed):
             with torch.no_grad():  # not around the yield: the caller's grad mode is its own
                 self.scorer.get_parameter(name).copy_(tensor)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Generator, Iterator
 import torch
 
 from drafter.adaptation.buffer import TrafficBuffer
-from drafter.adaptation.contest import Contest, Version
+from drafter.adaptation.contest import Contest, Version, shared_names
 from drafter.adaptation.counters import Counters
 from drafter.adaptation.heap import release_freed_memory
 from drafter.adaptation.score import Score
@@ -234,8 +234,7 @@ class Cycle:
     def swap_in(self, version: Version, then: Callable[[], str]) -> Iterator[None]:
         """`version`'s weights into the engine (a piece at a time, then committed between two batches), and
         `then` the cycle's own record of it, whose decision `work` returns."""
-        shared = {name for name, tensor in version.tensors.items() if self.live.tensors.get(name) is tensor}
-        pieces = self.swap(version.tensors, shared)
+        pieces = self.swap(version.tensors, shared_names(version.tensors, self.live.tensors))
         while True:
             began = time.perf_counter()
             try:

@@ -32,8 +32,8 @@ def test_a_setting_that_does_not_learn_scores_as_version_0_and_one_that_learns_s
         "none",
         torch.float32,
         v0,
-        examples(prompts[:4], outputs[:4], held_out=False),
-        examples(prompts[4:], outputs[4:], held_out=True),
+        examples(prompts[:4], outputs[:4], 4, held_out=False),
+        examples(prompts[4:], outputs[4:], 4, held_out=True),
         [(0, 0.0), (0, 1e-3)],
         steps=24,
         score_every=12,
@@ -42,4 +42,4 @@ def test_a_setting_that_does_not_learn_scores_as_version_0_and_one_that_learns_s
     assert [p["step"] for p in still["points"]] == [12, 24]
     assert all(p["held_out_ratio"] == 1.0 and p["training_ratio"] == 1.0 for p in still["points"])
     assert learning["points"][-1]["training_ratio"] > 1.1
-    assert "| 0 | 0.001 |" in markdown({"sweep": result})
+    assert "| 0 | 0.001 |" in markdown({"sweep": result, "config": {"k": 4}})

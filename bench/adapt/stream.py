@@ -40,8 +40,8 @@ def documents() -> list[Document]:
     return [Document(f"prose/{p.relative_to(REPO)}", p.read_text(encoding="utf-8")) for p in paths]
 
 
-def modules() -> list[Document]:
-    paths = sorted(p for root in CODE_ROOTS for p in (REPO / root).rglob("*.py") if p.stat().st_size)
+def modules(roots: tuple[str, ...] = CODE_ROOTS) -> list[Document]:
+    paths = sorted(p for root in roots for p in (REPO / root).rglob("*.py") if p.stat().st_size)
     return [Document(f"code/{p.relative_to(REPO)}", p.read_text(encoding="utf-8")) for p in paths]
 
 
@@ -57,15 +57,17 @@ def stream_prompts(num_prompts: int, max_new_tokens: int) -> tuple[list[dict], d
     return cut_prompts(tokenizer, docs, prose_prompts(docs, tokenizer, budget), num_prompts, [EOS_ID], domain)
 
 
-def code_stream_prompts(num_prompts: int, tokenizer_file: Path) -> tuple[list[dict], dict]:
-    """The real pair's stream: `num_prompts` function heads of this project's Python, cut with the target's
-    tokenizer, and what they were cut from."""
+def code_stream_prompts(
+    num_prompts: int, tokenizer_file: Path, roots: tuple[str, ...] = CODE_ROOTS
+) -> tuple[list[dict], dict]:
+    """The real pair's stream: `num_prompts` function heads of this project's Python under `roots`, cut with
+    the target's tokenizer, and what they were cut from."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    code = modules()
+    code = modules(roots)
     cuts = code_prompts(code, tokenizer, MAX_PROMPT_TOKENS, random.Random(CODE_SEED))
-    domain = "this project's own Python (a code base's style), function bodies"
+    domain = f"this project's own Python under {', '.join(roots)} (a code base's style), function bodies"
     return cut_prompts(tokenizer, code, cuts, num_prompts, [], domain)
 
 

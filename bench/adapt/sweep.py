@@ -1,8 +1,9 @@
 """What the adaptation trainer's learning rate and adapter rank do to a real drafter, offline and exactly:
 held-out tokens per round over training steps, each setting against the pretrained drafter.
 
-    python -m bench.adapt.sweep [--realpair DIR] [--prompts 36] [--max-new-tokens 64] \
-        [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] [--steps 96] [--score-every 16] [--out DIR]
+    python -m bench.adapt.sweep [--realpair DIR] [--prompts 36] [--max-new-tokens 64] [--k 4] \
+        [--roots drafter,engine,export] [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] [--steps 96] \
+        [--score-every 16] [--out DIR]
 
 bench/adapt/run.py measures adaptation as a server does it, and on the real pair every candidate it made (rank-8
 adapters at 1e-3) scored worse than the pretrained drafter, in a run that takes 25 minutes for ~600 target
@@ -33,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from bench.adapt.args import REALPAIR_RUN
-from bench.adapt.stream import code_stream_prompts
+from bench.adapt.stream import CODE_ROOTS, REPO, code_stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
@@ -48,7 +49,7 @@ from export.versions import dense_state, served_tensors
 
 CONTEXT_WINDOW = TrafficBuffer.context_window  # the prompt tokens the server's buffer keeps before a target's
 STEP_TOKENS = CycleSettings().step_tokens
-K = REALPAIR_RUN["num_draft_tokens"]  # bench.adapt --realpair's k
+K = REALPAIR_RUN["num_draft_tokens"]  # bench.adapt --realpair's k, the default
 
 
 def setting(text: str) -> tuple[int, float]:
@@ -62,11 +63,11 @@ def setting(text: str) -> tuple[int, float]:
     return parsed
 
 
-def examples(prompts: list[dict], outputs: list[list[int]], held_out: bool) -> list[Example]:
+def examples(prompts: list[dict], outputs: list[list[int]], k: int, held_out: bool) -> list[Example]:
     made = []
     for prompt, output in zip(prompts, outputs, strict=True):
         context = prompt["tokens"][-CONTEXT_WINDOW:]
-        made.append(Example(prompt["name"], [*context, *output], len(context), K, held_out))
+        made.append(Example(prompt["name"], [*context, *output], len(context), k, held_out))
     return made
 
 
@@ -135,7 +136,7 @@ def markdown(report: dict) -> str:
     base = report["sweep"]["version_0"]
     lines = [
         f"Version 0 (the served FP8 export): held-out {base['held_out']['tokens_per_round']:.3f} tokens per round "
-        f"at k = {K} ({base['held_out']['rounds']} rounds, agreement {base['held_out']['agreement']}), training "
+        f"at k = {report['config']['k']} ({base['held_out']['rounds']} rounds, agreement {base['held_out']['agreement']}), training "
         f"traffic {base['training']['tokens_per_round']:.3f}.",
         "",
         "| rank | learning rate | step s (median) | "
@@ -184,6 +185,15 @@ def parse_args(argv=None):
         default=[(8, 1e-4), (8, 3e-4), (8, 1e-3), (0, 1e-4)],
         help="RANK:LEARNING_RATE,... (rank 0: every decoder weight) [8:1e-4,8:3e-4,8:1e-3,0:1e-4]",
     )
+    parser.add_argument(
+        "--k", type=int, default=K, help=f"the drafts a round, as the examples' sessions ask [{K}]"
+    )
+    parser.add_argument(
+        "--roots",
+        type=lambda text: tuple(text.split(",")),
+        default=CODE_ROOTS,
+        help=f"this project's folders whose Python the stream is cut from [{','.join(CODE_ROOTS)}]",
+    )
     parser.add_argument("--steps", type=int, default=96, help="training steps per setting [96]")
     parser.add_argument("--score-every", type=int, default=16, help="steps between two scores [16]")
     parser.add_argument(
@@ -191,8 +201,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--out", type=Path, help="write report.json and report.md here")
     args = parser.parse_args(argv)
-    if min(args.prompts, args.max_new_tokens, args.steps, args.score_every) < 1 or args.prompts < 3:
-        parser.error("--prompts (at least 3), --max-new-tokens, --steps and --score-every must be positive")
+    if min(args.prompts, args.max_new_tokens, args.k, args.steps, args.score_every) < 1 or args.prompts < 3:
+        parser.error(
+            "--prompts (at least 3), --max-new-tokens, --k, --steps and --score-every must be positive"
+        )
+    if missing := [root for root in args.roots if not (REPO / root).is_dir()]:
+        parser.error(f"--roots: no folder {', '.join(missing)} in this checkout")
     return args
 
 
@@ -202,7 +216,8 @@ def main(argv=None) -> int:
     try:
         drafter = args.directory / PAIR_DRAFTERS["weight-only"]
         check_fetched(args.directory, PAIR_DRAFTERS["weight-only"])
-        prompts, source = code_stream_prompts(args.prompts, args.directory / "target" / "tokenizer.json")
+        tokenizer = args.directory / "target" / "tokenizer.json"
+        prompts, source = code_stream_prompts(args.prompts, tokenizer, args.roots)
         outputs = target_outputs(args, prompts)
     except (BenchError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -210,8 +225,8 @@ def main(argv=None) -> int:
     hf_config = json.loads((drafter / "config.json").read_text())
     v0 = read_tensors(checkpoint_files(drafter))
     cut = 2 * len(prompts) // 3
-    training = examples(prompts[:cut], outputs[:cut], held_out=False)
-    held_out = examples(prompts[cut:], outputs[cut:], held_out=True)
+    training = examples(prompts[:cut], outputs[:cut], args.k, held_out=False)
+    held_out = examples(prompts[cut:], outputs[cut:], args.k, held_out=True)
     with tqdm(total=args.steps * len(args.settings), desc="steps", file=sys.stderr) as progress:
         result = sweep(
             hf_config,
@@ -234,7 +249,7 @@ def main(argv=None) -> int:
             "training_prompts": cut,
             "held_out_prompts": len(prompts) - cut,
             "max_new_tokens": args.max_new_tokens,
-            "k": K,
+            "k": args.k,
             "steps": args.steps,
             "score_every": args.score_every,
         },

@@ -80,3 +80,12 @@ def test_the_real_pair_missing_is_one_line_naming_the_fetch_and_its_stream_is_th
     prompts, source = code_stream_prompts(4, PAIR / "target" / "tokenizer.json")
     assert len(prompts) == 4 and all(prompt["name"].startswith("code/") for prompt in prompts)
     assert source["prompts_available"] >= 32 and all(name.endswith(".py") for name in source["files"])
+
+    # --roots cuts it from other folders of the project, and a folder it does not have is refused at start.
+    prompts, source = code_stream_prompts(3, PAIR / "target" / "tokenizer.json", ("tests",))
+    assert all(name.startswith("tests/") for name in source["files"]) and "tests" in source["domain"]
+    assert all(prompt["name"].startswith("code/tests/") for prompt in prompts)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--realpair", "--roots", "tests,nowhere"])
+    assert "no folder nowhere" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.adapt.stream import CODE_ROOTS
 from bench.harness.decoding import PAIR_DRAFTERS
 from bench.harness.server import REPO
 from bench.realpair.benchmark import DEFAULT_DIR as REALPAIR_DIR
@@ -59,6 +60,7 @@ def parse_args(argv, doc: str):
                        help="the testbed pair's directory [the committed pair; the default pair]")  # fmt: skip
     pairs.add_argument("--realpair", nargs="?", const=REALPAIR_DIR, type=Path, metavar="DIR",
                        help=f"the real pair's directory [{shown(REALPAIR_DIR)}]")  # fmt: skip
+    add_roots_argument(parser)
     parser.add_argument("--drafter", choices=PAIR_DRAFTERS, default="weight-only", help="[weight-only]")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK['prompts']} shorter prompts")
     parser.add_argument("--prompts", type=int, help=f"prompts in the stream [{FULL['prompts']}]")
@@ -95,4 +97,21 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=str(REALPAIR_DIR / PAIR_DRAFTERS["weight-only"]),
         help="a checkpoint directory or preset [the real pair's FP8 weight-only drafter]",
+    )
+
+
+def code_roots(text: str) -> tuple[str, ...]:
+    roots = tuple(text.split(","))
+    if missing := [root for root in roots if not (REPO / root).is_dir()]:
+        raise argparse.ArgumentTypeError(f"no folder {', '.join(missing)} in this checkout")
+    return roots
+
+
+def add_roots_argument(parser: argparse.ArgumentParser) -> None:
+    """--roots: the folders of this project whose Python the real pair's stream is cut from."""
+    parser.add_argument(
+        "--roots",
+        type=code_roots,
+        default=CODE_ROOTS,
+        help=f"the real pair's stream: this project's folders to cut it from [{','.join(CODE_ROOTS)}]",
     )

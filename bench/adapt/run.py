@@ -7,10 +7,10 @@ the calls' latency compared over the stream, window by window.
 
 On the testbed pair (its FP8 weight-only drafter, trained on the Python standard library) the stream is
 this project's Markdown documentation (bench/adapt/stream.py). On the real pair (`--realpair`, as `python -m
-bench.realpair fetch` leaves it) the stream is this project's own Python, function bodies to write, with
-defaults sized for its 1.5B target on 2 cores (bench/adapt/args.py): the trainer trains rank-8 adapters
-(`--adapt-rank`), in 20 s of think time a prompt, since its steps take seconds. Per prompt, in this order: the target alone
-(the reference every output must equal, and the baseline tokens/s), then with drafts from the fixed
+bench.realpair fetch` leaves it) the stream is this project's own Python (`--roots`: drafter/, engine/ and
+export/ unless told), function bodies to write, with defaults sized for its 1.5B target on 2 cores
+(bench/adapt/args.py): the trainer trains rank-8 adapters (`--adapt-rank`), in 20 s of think time a
+prompt, since its steps take seconds. Per prompt, in this order: the target alone (the reference every output must equal, and the baseline tokens/s), then with drafts from the fixed
 drafter, then from the adapting one, each a new v2 session (the calls that feed the adaptation buffer),
 then `--think-s` of nothing: a target between two conversations. The trainer runs only on an idle server
 after a quiet spell (drafter/server/adapt_work.py), and inside a conversation the target calls again within
@@ -150,7 +150,8 @@ def stream(args, model, prompts, off_client, on, on_client) -> list[dict]:
 def run(args) -> dict:
     if args.pair == "realpair":
         check_fetched(args.directory, PAIR_DRAFTERS[args.drafter])
-        prompts, source = code_stream_prompts(args.prompts, args.directory / "target" / "tokenizer.json")
+        tokenizer = args.directory / "target" / "tokenizer.json"
+        prompts, source = code_stream_prompts(args.prompts, tokenizer, args.roots)
     else:
         prompts, source = stream_prompts(args.prompts, args.max_new_tokens)
     # One thread by default: the servers need cores too, and two spinning OpenMP threads on a busy 2-core

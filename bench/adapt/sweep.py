@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from bench.adapt.args import REALPAIR_RUN
-from bench.adapt.stream import CODE_ROOTS, REPO, code_stream_prompts
+from bench.adapt.args import REALPAIR_RUN, add_roots_argument
+from bench.adapt.stream import code_stream_prompts
 from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
@@ -188,12 +188,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--k", type=int, default=K, help=f"the drafts a round, as the examples' sessions ask [{K}]"
     )
-    parser.add_argument(
-        "--roots",
-        type=lambda text: tuple(text.split(",")),
-        default=CODE_ROOTS,
-        help=f"this project's folders whose Python the stream is cut from [{','.join(CODE_ROOTS)}]",
-    )
+    add_roots_argument(parser)
     parser.add_argument("--steps", type=int, default=96, help="training steps per setting [96]")
     parser.add_argument("--score-every", type=int, default=16, help="steps between two scores [16]")
     parser.add_argument(
@@ -205,8 +200,6 @@ def parse_args(argv=None):
         parser.error(
             "--prompts (at least 3), --max-new-tokens, --k, --steps and --score-every must be positive"
         )
-    if missing := [root for root in args.roots if not (REPO / root).is_dir()]:
-        parser.error(f"--roots: no folder {', '.join(missing)} in this checkout")
     return args
 
 

@@ -2,7 +2,7 @@
 held-out tokens per round over training steps, each setting against the pretrained drafter.
 
     python -m bench.adapt.sweep [--realpair DIR] [--prompts 36] [--max-new-tokens 64] [--k 4] \
-        [--roots drafter,engine,export] [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] [--steps 96] \
+        [--roots drafter,engine,export] [--split modules] [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] [--steps 96] \
         [--score-every 16] [--out DIR]
 
 bench/adapt/run.py measures adaptation as a server does it, and on the real pair every candidate it made (rank-8
@@ -11,7 +11,10 @@ tokens. This replays the server's own trainer and scorer on the same stream with
 target's greedy output for each of the stream's first `--prompts` prompts (bench/adapt/stream.py: this
 project's Python, function bodies), each an example as the server's buffer keeps one (the 256 tokens of
 prompt before the target's first token, then its tokens); the first two thirds of the prompts are the
-training traffic and the last third, later traffic from other modules, is held out. For each setting
+training traffic and the last third, later traffic from other modules, is held out (`--split modules`), or
+(`--split halves`) the first half of every output is trained on and its second half, the same
+conversation's later tokens with the first half as context, is held out: whether a drafter learns a long
+generation's own content as it goes. For each setting
 (`rank:learning-rate`, rank 0 training every decoder weight), a fresh `Trainer` (drafter/adaptation/trainer.py)
 takes `--steps` steps, and every `--score-every` steps its weights are made into a candidate exactly as the
 cycle makes one (merged, quantized in the served FP8 mode by the export's code, dequantized into the scorer)
@@ -61,6 +64,26 @@ def setting(text: str) -> tuple[int, float]:
     if parsed[0] < 0 or not parsed[1] >= 0:
         raise argparse.ArgumentTypeError(f"a rank is >= 0 and a learning rate >= 0, got {text!r}")
     return parsed
+
+
+def split(
+    prompts: list[dict], outputs: list[list[int]], k: int, by: str
+) -> tuple[list[Example], list[Example]]:
+    """The training and the held-out examples: other modules held out (`modules`) or outputs' later halves."""
+    if by == "modules":
+        cut = 2 * len(prompts) // 3
+        return (
+            examples(prompts[:cut], outputs[:cut], k, held_out=False),
+            examples(prompts[cut:], outputs[cut:], k, held_out=True),
+        )
+    halves = [len(output) // 2 for output in outputs]
+    later = [
+        {**p, "tokens": [*p["tokens"], *o[:h]]} for p, o, h in zip(prompts, outputs, halves, strict=True)
+    ]
+    return (
+        examples(prompts, [o[:h] for o, h in zip(outputs, halves, strict=True)], k, held_out=False),
+        examples(later, [o[h:] for o, h in zip(outputs, halves, strict=True)], k, held_out=True),
+    )
 
 
 def examples(prompts: list[dict], outputs: list[list[int]], k: int, held_out: bool) -> list[Example]:
@@ -189,6 +212,12 @@ def parse_args(argv=None):
         "--k", type=int, default=K, help=f"the drafts a round, as the examples' sessions ask [{K}]"
     )
     add_roots_argument(parser)
+    parser.add_argument(
+        "--split",
+        choices=("modules", "halves"),
+        default="modules",
+        help="held out: the last third of the prompts, or every output's second half [modules]",
+    )
     parser.add_argument("--steps", type=int, default=96, help="training steps per setting [96]")
     parser.add_argument("--score-every", type=int, default=16, help="steps between two scores [16]")
     parser.add_argument(
@@ -217,9 +246,7 @@ def main(argv=None) -> int:
         return 2
     hf_config = json.loads((drafter / "config.json").read_text())
     v0 = read_tensors(checkpoint_files(drafter))
-    cut = 2 * len(prompts) // 3
-    training = examples(prompts[:cut], outputs[:cut], args.k, held_out=False)
-    held_out = examples(prompts[cut:], outputs[cut:], args.k, held_out=True)
+    training, held_out = split(prompts, outputs, args.k, args.split)
     with tqdm(total=args.steps * len(args.settings), desc="steps", file=sys.stderr) as progress:
         result = sweep(
             hf_config,
@@ -239,8 +266,9 @@ def main(argv=None) -> int:
         "config": {
             "drafter": str(drafter),
             "stream": source,
-            "training_prompts": cut,
-            "held_out_prompts": len(prompts) - cut,
+            "split": args.split,
+            "training_examples": len(training),
+            "held_out_examples": len(held_out),
             "max_new_tokens": args.max_new_tokens,
             "k": args.k,
             "steps": args.steps,

@@ -1,11 +1,11 @@
 """bench/adapt/sweep.py on a tiny pair: a setting that does not learn scores exactly as version 0, and one
-that learns the target's traffic scores better on it."""
+that learns the target's traffic scores better on it; its two ways of holding traffic out."""
 
 from __future__ import annotations
 
 import torch
 
-from bench.adapt.sweep import examples, markdown, sweep
+from bench.adapt.sweep import examples, markdown, split, sweep
 from export.versions import served_tensors
 from tests.oracle import hf_greedy, make_hf_model
 
@@ -43,3 +43,23 @@ def test_a_setting_that_does_not_learn_scores_as_version_0_and_one_that_learns_s
     assert all(p["held_out_ratio"] == 1.0 and p["training_ratio"] == 1.0 for p in still["points"])
     assert learning["points"][-1]["training_ratio"] > 1.1
     assert "| 0 | 0.001 |" in markdown({"sweep": result, "config": {"k": 4}})
+
+
+def test_held_out_traffic_is_other_prompts_or_the_later_half_of_each_output_after_its_first():
+    prompts = [
+        {"name": name, "tokens": [i, i + 1, i + 2]} for i, name in zip((0, 10, 20), "abc", strict=True)
+    ]
+    outputs = [[100, 101, 102, 103], [110, 111, 112], [120, 121]]
+    training, held_out = split(prompts, outputs, 4, "modules")
+    assert [e.session for e in training] == ["a", "b"] and [e.session for e in held_out] == ["c"]
+    assert (
+        held_out[0].tokens == [20, 21, 22, 120, 121] and held_out[0].num_context == 3 and held_out[0].held_out
+    )
+
+    training, held_out = split(prompts, outputs, 4, "halves")
+    assert [e.tokens[e.num_context :] for e in training] == [[100, 101], [110], [120]]
+    assert [e.tokens[e.num_context :] for e in held_out] == [[102, 103], [111, 112], [121]]
+    assert held_out[0].tokens[: held_out[0].num_context] == [0, 1, 2, 100, 101]  # the first half is context
+    assert not any(e.held_out for e in training) and all(
+        e.held_out and e.num_draft_tokens == 4 for e in held_out
+    )

@@ -10,8 +10,9 @@ this project's Markdown documentation (bench/adapt/stream.py). On the real pair 
 bench.realpair fetch` leaves it) the stream is this project's own Python (`--roots`: drafter/, engine/ and
 export/ unless told), function bodies to write, with defaults sized for its 1.5B target on 2 cores
 (bench/adapt/args.py): the trainer trains rank-8 adapters (`--adapt-rank`), in 20 s of think time a
-prompt, since its steps take seconds. Per prompt, in this order: the target alone (the reference every output must equal, and the baseline tokens/s), then with drafts from the fixed
-drafter, then from the adapting one, each a new v2 session (the calls that feed the adaptation buffer),
+prompt, since its steps take seconds. Per prompt, in this order: the target alone (the reference every
+output must equal, and the baseline tokens/s), then with drafts from the fixed drafter, then from the
+adapting one, each a new v2 session (the calls that feed the adaptation buffer),
 then `--think-s` of nothing: a target between two conversations. The trainer runs only on an idle server
 after a quiet spell (drafter/server/adapt_work.py), and inside a conversation the target calls again within
 milliseconds, so the think time is the trainer's time; it is the same for both servers. The adapting

@@ -2,8 +2,8 @@
 held-out tokens per round over training steps, each setting against the pretrained drafter.
 
     python -m bench.adapt.sweep [--realpair DIR] [--prompts 36] [--max-new-tokens 64] [--k 4] \
-        [--roots drafter,engine,export] [--split modules] [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] [--steps 96] \
-        [--score-every 16] [--out DIR]
+        [--roots drafter,engine,export] [--split modules] [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] \
+        [--steps 96] [--score-every 16] [--out DIR]
 
 bench/adapt/run.py measures adaptation as a server does it, and on the real pair every candidate it made (rank-8
 adapters at 1e-3) scored worse than the pretrained drafter, in a run that takes 25 minutes for ~600 target
@@ -22,7 +22,7 @@ and scored on the held-out examples as the cycle scores one (drafter/adaptation/
 k, replayed from teacher-forced agreement), and on the training examples (what it learned). Version 0 is the
 served FP8 export's weights. Tokens per round are exact and do not depend on the machine; step times do.
 `--outputs-from REPORT` takes the target's outputs from an earlier sweep's report.json (the target's decoding
-is most of the time: ~16 minutes for 36 prompts of 64 tokens on 2 cores).
+is most of the time: ~16 minutes for 36 prompts of 64 tokens on 2 Intel Xeon cores, 28 on 2 AMD EPYC cores).
 """
 
 from __future__ import annotations
@@ -76,14 +76,10 @@ def split(
             examples(prompts[:cut], outputs[:cut], k, held_out=False),
             examples(prompts[cut:], outputs[cut:], k, held_out=True),
         )
-    halves = [len(output) // 2 for output in outputs]
-    later = [
-        {**p, "tokens": [*p["tokens"], *o[:h]]} for p, o, h in zip(prompts, outputs, halves, strict=True)
-    ]
-    return (
-        examples(prompts, [o[:h] for o, h in zip(outputs, halves, strict=True)], k, held_out=False),
-        examples(later, [o[h:] for o, h in zip(outputs, halves, strict=True)], k, held_out=True),
-    )
+    firsts = [output[: len(output) // 2] for output in outputs]
+    seconds = [output[len(first) :] for output, first in zip(outputs, firsts, strict=True)]
+    later = [{**p, "tokens": [*p["tokens"], *first]} for p, first in zip(prompts, firsts, strict=True)]
+    return examples(prompts, firsts, k, held_out=False), examples(later, seconds, k, held_out=True)
 
 
 def examples(prompts: list[dict], outputs: list[list[int]], k: int, held_out: bool) -> list[Example]:
@@ -157,10 +153,11 @@ def sweep(
 
 def markdown(report: dict) -> str:
     base = report["sweep"]["version_0"]
+    held_out = base["held_out"]
     lines = [
-        f"Version 0 (the served FP8 export): held-out {base['held_out']['tokens_per_round']:.3f} tokens per round "
-        f"at k = {report['config']['k']} ({base['held_out']['rounds']} rounds, agreement {base['held_out']['agreement']}), training "
-        f"traffic {base['training']['tokens_per_round']:.3f}.",
+        f"Version 0 (the served FP8 export): held-out {held_out['tokens_per_round']:.3f} tokens per round "
+        f"at k = {report['config']['k']} ({held_out['rounds']} rounds, agreement {held_out['agreement']}), "
+        f"training traffic {base['training']['tokens_per_round']:.3f}.",
         "",
         "| rank | learning rate | step s (median) | "
         + " | ".join(

@@ -1,11 +1,14 @@
 """bench/adapt/sweep.py on a tiny pair: a setting that does not learn scores exactly as version 0, and one
-that learns the target's traffic scores better on it; its two ways of holding traffic out."""
+that learns the target's traffic scores better on it; its two ways of holding traffic out; the target's
+outputs decoded in batches equal its one-at-a-time greedy outputs."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench.adapt.sweep import examples, markdown, split, sweep
+from bench.harness.decoding import target_greedy_batched
 from export.versions import served_tensors
 from tests.oracle import hf_greedy, make_hf_model
 
@@ -63,3 +66,12 @@ def test_held_out_traffic_is_other_prompts_or_the_later_half_of_each_output_afte
     assert not any(e.held_out for e in training) and all(
         e.held_out and e.num_draft_tokens == 4 for e in held_out
     )
+
+
+@pytest.mark.parametrize("name", ["gqa2-untied", "qwen2-gqa4-untied-odd"])
+def test_a_batch_of_prompts_of_other_lengths_decodes_as_each_prompt_alone(name, one_thread):
+    target = make_hf_model(name, seed=3)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 512, (n,), generator=generator).tolist() for n in (9, 23, 4, 16, 11)]
+    alone = [hf_greedy(target, prompt, 24) for prompt in prompts]
+    assert target_greedy_batched(target, prompts, 24, batch=3) == alone

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from bench.adapt.args import REALPAIR_RUN, add_roots_argument
 from bench.adapt.stream import code_stream_prompts
-from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy
+from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy_batched
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
 from bench.harness.report import publish
@@ -186,8 +186,11 @@ def target_outputs(args, prompts: list[dict]) -> list[list[int]]:
         return [by_name[p["name"]][: args.max_new_tokens] for p in prompts]
     model = load_target(args.directory / "target", "cpu", "float32")
     outputs = []
-    for prompt in tqdm(prompts, desc="target", unit="prompt", file=sys.stderr):
-        outputs.append(target_greedy(model, prompt["tokens"], args.max_new_tokens))
+    with tqdm(total=len(prompts), desc="target", unit="prompt", file=sys.stderr) as progress:
+        for first in range(0, len(prompts), args.target_batch):
+            group = [p["tokens"] for p in prompts[first : first + args.target_batch]]
+            outputs.extend(target_greedy_batched(model, group, args.max_new_tokens, args.target_batch))
+            progress.update(len(group))
     del model
     return outputs
 
@@ -218,13 +221,20 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=96, help="training steps per setting [96]")
     parser.add_argument("--score-every", type=int, default=16, help="steps between two scores [16]")
     parser.add_argument(
+        "--target-batch", type=int, default=16, help="prompts the target decodes at once [16]"
+    )
+    parser.add_argument(
         "--outputs-from", type=Path, help="an earlier sweep's report.json: its target outputs"
     )
     parser.add_argument("--out", type=Path, help="write report.json and report.md here")
     args = parser.parse_args(argv)
-    if min(args.prompts, args.max_new_tokens, args.k, args.steps, args.score_every) < 1 or args.prompts < 3:
+    if (
+        min(args.prompts, args.max_new_tokens, args.k, args.steps, args.score_every, args.target_batch) < 1
+        or args.prompts < 3
+    ):
         parser.error(
-            "--prompts (at least 3), --max-new-tokens, --k, --steps and --score-every must be positive"
+            "--prompts (at least 3), --max-new-tokens, --k, --steps, --score-every and --target-batch must"
+            " be positive"
         )
     return args
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.adapt.sweep import examples, markdown, split, sweep
+from bench.adapt.sweep import examples, markdown, parse_args, split, sweep
 from bench.harness.decoding import target_greedy_batched
 from export.versions import served_tensors
 from tests.oracle import hf_greedy, make_hf_model
@@ -75,3 +75,12 @@ def test_a_batch_of_prompts_of_other_lengths_decodes_as_each_prompt_alone(name, 
     prompts = [torch.randint(1, 512, (n,), generator=generator).tolist() for n in (9, 23, 4, 16, 11)]
     alone = [hf_greedy(target, prompt, 24) for prompt in prompts]
     assert target_greedy_batched(target, prompts, 24, batch=3) == alone
+
+
+@pytest.mark.parametrize(
+    "flags", [["--target-batch", "0"], ["--prompts", "2"], ["--settings", "8:-1e-4"], ["--split", "thirds"]]
+)
+def test_bad_flag_values_are_refused_before_any_work(flags, capsys):
+    with pytest.raises(SystemExit) as exit:
+        parse_args(flags)
+    assert exit.value.code == 2 and "error:" in capsys.readouterr().err

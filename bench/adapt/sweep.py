@@ -3,7 +3,7 @@ held-out tokens per round over training steps, each setting against the pretrain
 
     python -m bench.adapt.sweep [--realpair DIR] [--prompts 36] [--max-new-tokens 64] [--k 4] \
         [--roots drafter,engine,export] [--split modules] [--settings 8:1e-4,8:3e-4,8:1e-3,0:1e-4] \
-        [--steps 96] [--score-every 16] [--out DIR]
+        [--steps 96] [--score-every 16] [--target-batch 16] [--outputs-from REPORT] [--out DIR]
 
 bench/adapt/run.py measures adaptation as a server does it, and on the real pair every candidate it made (rank-8
 adapters at 1e-3) scored worse than the pretrained drafter, in a run that takes 25 minutes for ~600 target
@@ -21,8 +21,9 @@ cycle makes one (merged, quantized in the served FP8 mode by the export's code, 
 and scored on the held-out examples as the cycle scores one (drafter/adaptation/score.py: tokens per round at
 k, replayed from teacher-forced agreement), and on the training examples (what it learned). Version 0 is the
 served FP8 export's weights. Tokens per round are exact and do not depend on the machine; step times do.
-`--outputs-from REPORT` takes the target's outputs from an earlier sweep's report.json (the target's decoding
-is most of the time: ~16 minutes for 36 prompts of 64 tokens on 2 Intel Xeon cores, 28 on 2 AMD EPYC cores).
+The target decodes `--target-batch` prompts at a time (96 prompts of 64 tokens: 14 minutes on 2 AMD EPYC
+cores, where one at a time took 28 for 36); `--outputs-from REPORT` takes its outputs from an earlier sweep's
+report.json instead.
 """
 
 from __future__ import annotations

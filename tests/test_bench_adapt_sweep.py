@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.adapt.sweep import examples, markdown, parse_args, split, sweep
-from bench.harness.decoding import target_greedy_batched
+from bench.harness.decoding import target_greedy_batch
 from export.versions import served_tensors
 from tests.oracle import hf_greedy, make_hf_model
 
@@ -74,7 +74,7 @@ def test_a_batch_of_prompts_of_other_lengths_decodes_as_each_prompt_alone(name, 
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(1, 512, (n,), generator=generator).tolist() for n in (9, 23, 4, 16, 11)]
     alone = [hf_greedy(target, prompt, 24) for prompt in prompts]
-    assert target_greedy_batched(target, prompts, 24, batch=3) == alone
+    assert target_greedy_batch(target, prompts, 24) == alone
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from bench.adapt.args import REALPAIR_RUN, add_roots_argument
 from bench.adapt.stream import code_stream_prompts
-from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy_batched
+from bench.harness.decoding import PAIR_DRAFTERS, load_target, target_greedy_batch
 from bench.harness.machine import describe
 from bench.harness.prompts import BenchError
 from bench.harness.report import publish
@@ -190,7 +190,7 @@ def target_outputs(args, prompts: list[dict]) -> list[list[int]]:
     with tqdm(total=len(prompts), desc="target", unit="prompt", file=sys.stderr) as progress:
         for first in range(0, len(prompts), args.target_batch):
             group = [p["tokens"] for p in prompts[first : first + args.target_batch]]
-            outputs.extend(target_greedy_batched(model, group, args.max_new_tokens, args.target_batch))
+            outputs.extend(target_greedy_batch(model, group, args.max_new_tokens))
             progress.update(len(group))
     del model
     return outputs

@@ -50,29 +50,23 @@ def target_greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bo
 
 
 @torch.inference_mode()
-def target_greedy_batched(
-    model, prompts: list[list[int]], max_new_tokens: int, batch: int
-) -> list[list[int]]:
-    """`target_greedy` of every prompt (`max_new_tokens` each, no stop at EOS), `batch` prompts a pass: a CPU
-    decodes a batch of 16 in little more time than one, where one-at-a-time decoding of a 1.5B target is most
-    of an offline benchmark's time. Prompts are padded on the left, masked out; in fp32 an output equals its
-    one-at-a-time greedy output but where two logits tie within rounding (tests/test_bench_decoding.py)."""
-    outputs = []
-    for first in range(0, len(prompts), batch):
-        group = prompts[first : first + batch]
-        width = max(map(len, group))
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in group], device=model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=model.device)
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens,
-            pad_token_id=0,
-        )
-        outputs.extend(out[:, width:].tolist())
-    return outputs
+def target_greedy_batch(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """`target_greedy` of every prompt (`max_new_tokens` each, no stop at EOS), all in one pass: on 2 AMD EPYC
+    cores 16 prompts of the 1.5B target took 2.7x less time a prompt than one at a time (32 new tokens).
+    Prompts are padded on the left, masked out; in fp32 an output equals its one-at-a-time greedy output but
+    where two logits tie within rounding (tests/test_bench_adapt_sweep.py)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        pad_token_id=0,
+    )
+    return out[:, width:].tolist()
 
 
 def speculative_greedy(

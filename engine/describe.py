@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine.model.cpu_linears import kernel_isa
+
 
 def describe_cache(engine) -> dict:
     cfg, pool, table = engine.config, engine.pool, engine.table
@@ -39,7 +41,9 @@ def describe(engine) -> dict:
         "compile": cfg.compile,
         "cuda_graphs": engine.graphs is not None,
         "attention": cfg.attention,
-        "cpu_packed_linears": engine.packed_linears,  # oneDNN-packed (engine/model/cpu_linears.py)
+        "cpu_packed_linears": engine.packed_linears,  # packed or read as stored (engine/model/cpu_linears.py)
+        # FP8 weights and the bf16 LM head read as stored by engine/model/cpu_gemv.c: "avx512" | "avx2" | None
+        "cpu_kernel": kernel_isa(engine.model),
         "batch_buckets": list(cfg.buckets),
         "kv_buckets": list(engine.spans),
         "draft_length_tiers": list(cfg.tiers) if engine.graphs is not None else None,

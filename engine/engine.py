@@ -54,7 +54,11 @@ class Engine(Warmup, DraftingAhead):
         # Eager on the CPU: decode-speed linears (engine/model/cpu_linears.py). The GPU keeps the model as loaded,
         # and so does torch.compile (inductor cannot lower an opaque oneDNN weight that is a graph input).
         on_cpu_eager = self.device.type == "cpu" and not config.compile
-        self.packed_linears = use_cpu_linears(self.model, dtype) if on_cpu_eager else 0
+        self.packed_linears, why_dequantized = (
+            use_cpu_linears(self.model, dtype) if on_cpu_eager else (0, None)
+        )
+        if why_dequantized:
+            self.lifecycle.fall_back(why_dequantized)
         budget_tokens = config.kv_cache_tokens or int(
             config.budget_gb * 2**30 / bytes_per_token(model_config, dtype)
         )

@@ -10,6 +10,7 @@ import torch
 
 from engine.engine import Engine
 from engine.model.config import ARCHITECTURES
+from engine.model.cpu_linears import CpuBf16Head, CpuFP8Linear
 from engine.model.loader import load_model
 from export.__main__ import run_export
 from tests.export_helpers import ENGINE, EXPORTS, MODES, WEIGHT_SCALES, export_fixture, linear_names
@@ -138,6 +139,11 @@ def test_export_transformers_decompresses_it_to_the_same_model(request, family, 
     ).eval()
     assert type(oracle).__name__ == ARCHITECTURES[family]
     engine = Engine.load(str(directory), ENGINE)
+    if mode == "weight-only":  # float32 on the CPU: fp8 bytes and the bf16 head read as stored, in the kernel
+        served = [engine.model.get_submodule(name) for name in linear_names(engine.loaded.config)]
+        assert all(isinstance(m, CpuFP8Linear) for m in served) and isinstance(
+            engine.model.lm_head, CpuBf16Head
+        )
     loaded = load_model(str(directory))  # the FP8 modules as read (the engine's CPU linears derive from them)
     for name in linear_names(loaded.config):
         ours, theirs = loaded.model.get_submodule(name), oracle.get_submodule(name)

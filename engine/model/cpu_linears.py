@@ -20,9 +20,14 @@ on Intel CPUs and oneDNN on others, the decoder's linears staying MKL's `F.linea
 copy is extra memory (the tied embedding keeps its plain table for row lookups: +311 MB on bench-cpu in
 fp32, +622 MB on Qwen3-0.6B); each step still reads every weight byte once.
 
-- FP8 weight-only checkpoints: the weight is dequantized once, here, exactly as `FP8Linear.forward` does on
-  every call (fp8 → fp32 × scale → compute dtype), then treated as above. The CPU has no fp8 matmul that
-  beats that: upcasting each weight on every call made FP8 4.5x slower than bf16;
+- FP8 weight-only checkpoints, float32 compute: each linear keeps its one-byte weights and scale, and a
+  decode step's rows go through engine/model/cpu_gemv.py's kernel, which widens the weights in registers as
+  they stream in; the tied LM head reads the embedding table as stored (bf16, held so when that loses
+  nothing) through the same kernel. Prefill's many rows dequantize the weight for one matmul instead.
+  Where the kernel cannot be built (no compiler, no AVX2), and in bf16, the weight is dequantized once,
+  here, exactly as `FP8Linear.forward` does on every call (fp8 → fp32 × scale → compute dtype), then
+  treated as above: the CPU has no fp8 product in torch that beats that (upcasting each weight on every
+  call made FP8 4.5x slower than bf16);
 - FP8 dynamic checkpoints: the same product as `_scaled_mm` (fp8 × fp8, fp32 accumulation, both scales
   after: the row's activation scale and the weight's, per tensor or per output channel), as an fp32 matmul of the fp8 values (exact in fp32) then the scales: torch's CPU `_scaled_mm`
   made a bench-cpu call 5-8x slower than bf16.
@@ -34,12 +39,19 @@ input, and compiled CPU code is no faster here (bench/README.md).
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.fp8 import FP8DynamicLinear, FP8Linear, quantize_per_row
+from engine.model import cpu_gemv
+from engine.model.fp8 import FP8DynamicLinear, FP8Linear, dequantize, quantize_per_row
+
+log = logging.getLogger(__name__)
+# Up to this many rows a product streams the stored weights through the kernel, a pass per 8 rows; a prefill
+# chunk of more multiplies once by a float32 copy of the weight made for it.
+MAX_KERNEL_ROWS = 32
 
 
 class CpuLinear(nn.Module):
@@ -119,6 +131,63 @@ class CpuDynamicFP8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
+class CpuFP8Linear(nn.Module):
+    """`FP8Linear`'s product (fp8 weight × its float32 scale, per tensor or per output row) in float32, with the
+    weight held as its fp8 bytes: decode rows through the kernel, prefill chunks through a transient copy."""
+
+    def __init__(self, linear: FP8Linear, kernel: cpu_gemv.Kernel):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.kernel = kernel
+        self.load(linear.weight.detach(), linear.weight_scale.detach(), linear.bias)
+
+    def load(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.install(self.pack(weight, weight_scale, bias))
+
+    def pack(
+        self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> dict[str, torch.Tensor | None]:
+        """What `forward` reads, made aside (at construction and on a swap, as CpuLinear's)."""
+        return {
+            "weight_": weight.contiguous(),  # [out, in] float8_e4m3fn
+            "weight_scale": weight_scale.reshape(-1).to(torch.float32).contiguous(),  # [1] or [out]
+            "bias": None if bias is None else bias.detach().to(torch.float32).contiguous(),
+        }
+
+    install = CpuLinear.install
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] float32 -> [..., out]
+        rows = x.reshape(-1, self.in_features).contiguous()
+        if rows.shape[0] <= MAX_KERNEL_ROWS:
+            out = self.kernel.fp8(rows, self.weight_, self.weight_scale, self.bias)
+        else:
+            weight = dequantize(self.weight_, self.weight_scale.reshape(-1, 1), torch.float32)
+            out = F.linear(rows, weight, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel.isa}"
+
+
+class CpuBf16Head(nn.Module):
+    """A float32 product with a bf16 weight read as stored, no float32 copy: the LM head over the embedding
+    table. Rows are few (the positions that need a distribution), so they all go through the kernel."""
+
+    def __init__(self, weight: torch.Tensor, kernel: cpu_gemv.Kernel):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        # [out, in] bfloat16, the embedding's own table when tied; a swap copies new values into it.
+        self.weight = weight
+        self.kernel = kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] float32 -> [..., out]
+        out = self.kernel.bf16(x.reshape(-1, self.in_features).contiguous(), self.weight)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel.isa}"
+
+
 def bf16_packing_supported() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
@@ -137,10 +206,18 @@ def fp32_lm_head_kind() -> str:
     return "mkl" if intel_cpu() else "onednn"
 
 
-def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> int:
-    """Swap `model`'s linears (on the CPU, weights in `dtype`) for CpuLinears; returns how many were packed."""
-    if not torch.backends.mkldnn.is_available():
-        return 0
+def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | None]:
+    """Swap `model`'s linears (on the CPU, weights in `dtype`) for the CPU's decode linears. Returns how
+    many were packed or read as stored, and why an FP8 model's weights are dequantized instead, if they are."""
+    fp8_kernel, why_not = None, None
+    if dtype == torch.float32 and any(type(m) is FP8Linear for m in model.modules()):
+        fp8_kernel, why_not = cpu_gemv.available()
+        if why_not:
+            why_not = f"FP8 weights dequantized to float32 at load (4x the bytes a step reads): {why_not}"
+    if fp8_kernel is not None:
+        hold_embedding_as_bf16(model)
+    if not torch.backends.mkldnn.is_available() and fp8_kernel is None:
+        return 0, why_not
     pack_all = dtype == torch.bfloat16 and bf16_packing_supported()
     lm_head = getattr(model, "lm_head", None)
     packed = 0
@@ -148,6 +225,14 @@ def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> int:
         for name, child in list(parent.named_children()):
             if isinstance(child, FP8DynamicLinear):
                 setattr(parent, name, CpuDynamicFP8Linear(child))
+                continue
+            if fp8_kernel is not None and isinstance(child, FP8Linear):
+                setattr(parent, name, CpuFP8Linear(child, fp8_kernel))
+                packed += 1
+                continue
+            if fp8_kernel is not None and child is lm_head and child.weight.dtype == torch.bfloat16:
+                setattr(parent, name, CpuBf16Head(child.weight.detach(), fp8_kernel))
+                packed += 1
                 continue
             kind = "onednn" if pack_all else "plain"
             if child is lm_head and dtype == torch.float32:
@@ -161,4 +246,28 @@ def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> int:
             bias = None if child.bias is None else child.bias.detach().to(dtype)
             setattr(parent, name, CpuLinear(weight.to(dtype), bias, kind))
             packed += kind != "plain"
-    return packed
+    return packed, why_not
+
+
+def kernel_isa(model: nn.Module) -> str | None:
+    """The instruction set of the CPU kernel `model`'s linears read their stored weights with, if any."""
+    return next((m.kernel.isa for m in model.modules() if isinstance(m, CpuFP8Linear | CpuBf16Head)), None)
+
+
+def hold_embedding_as_bf16(model: nn.Module) -> None:
+    """An FP8 export stores its embedding (and LM head) in bf16; the loader widened them to float32. Held in
+    bf16 again where that loses nothing, they are half the bytes a step's LM head reads (the model widens
+    the rows it looks up)."""
+    body = getattr(model, "model", None)
+    if not isinstance(getattr(body, "embed_tokens", None), nn.Embedding):
+        return  # not our Qwen3 (a stack of linears under test)
+    tied = model.config.tie_word_embeddings
+    for module in (model.model.embed_tokens,) if tied else (model.model.embed_tokens, model.lm_head):
+        weight = module.weight.detach()
+        if weight.dtype != torch.float32:
+            continue
+        narrow = weight.to(torch.bfloat16)
+        if torch.equal(narrow.to(torch.float32), weight):
+            module.weight = nn.Parameter(narrow, requires_grad=False)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight

@@ -159,8 +159,14 @@ def open_variant(name: str, args, sizes: dict, checkpoint: str):
             attention=args.attention,
             batch_buckets=tuple(args.concurrency),
         )  # fmt: skip
-        engine = Engine.load(args.model, config)
+        gc.collect()
+        before = machine.resident_bytes()
+        engine = Engine.load(args.model, config)  # its weights, and its KV pool reserved (not yet touched)
+        loaded = machine.resident_bytes()
         engine.warmup()
+        if before is not None and loaded is not None:
+            print(f"{name}: resident memory {before / 1e6:.0f} MB before load, {loaded / 1e6:.0f} MB after "
+                  f"(+{(loaded - before) / 1e6:.0f} MB)", file=sys.stderr)  # fmt: skip
         run = lambda case, repeat: runners.run_lockstep(  # noqa: E731
             runners.engine_round(engine, f"{name}-r{repeat}"),
             conversations(case, vocab, args.seed + repeat),

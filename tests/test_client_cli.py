@@ -62,3 +62,54 @@ def test_cli_unreachable_server_exits_2(target_dir):
     assert (
         done.returncode == 2 and "cannot reach the drafter" in done.stderr and "Traceback" not in done.stderr
     )
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}<assistant>"
+
+
+@pytest.fixture(scope="module")
+def target_with_tokenizer(target_dir, tmp_path_factory):
+    """The target's weights with a small word-level tokenizer beside them: one copy without a chat template,
+    one with."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "</s>", "<user>", "<assistant>", "write", "a", "sort", "in", "python", "please"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="</s>")
+    made = {}
+    for name, template in (("plain", None), ("chat", CHAT_TEMPLATE)):
+        directory = tmp_path_factory.mktemp(f"target-{name}")
+        shutil.copytree(target_dir, directory, dirs_exist_ok=True)
+        fast.chat_template = template
+        fast.save_pretrained(directory)
+        made[name] = str(directory)
+    return made
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_cli_speculates_on_a_text_prompt_and_prints_the_answer(target_drafters, target_with_tokenizer, chat):
+    target = target_with_tokenizer["chat" if chat else "plain"]
+    flags = ["--chat"] if chat else []
+    done = cli("--url", target_drafters["fp8"], "--target", target, "--prompt", "write a sort in python",
+               *flags, "--max-new-tokens=12")  # fmt: skip
+    assert done.returncode == 0 and "output matched: yes" in done.stdout, done.stderr
+    answer, _, report = done.stdout.partition("\n---\n")
+    assert answer.strip() and "target alone:" in report  # the decoded answer first, then the speeds
+    assert set(answer.split()) <= {"write", "a", "sort", "in", "python", "please", "<user>", "<assistant>"}
+
+
+def test_cli_refuses_text_prompts_it_cannot_tokenize(target_drafters, target_dir, target_with_tokenizer):
+    url = target_drafters["fp8"]
+    done = cli("--url", url, "--target", target_dir, "--prompt", "write a sort")
+    assert done.returncode == 2 and "--prompt needs the target's tokenizer" in done.stderr
+    done = cli("--url", url, "--target", target_with_tokenizer["plain"], "--prompt", "sort", "--chat")
+    assert done.returncode == 2 and "has no chat template" in done.stderr
+    done = cli("--url", url, "--target", target_with_tokenizer["plain"], "--chat")
+    assert done.returncode == 2 and "give --prompt TEXT" in done.stderr
+    done = cli("--url", url, "--target", target_with_tokenizer["plain"], "--prompt", "  ")
+    assert done.returncode == 2 and "--prompt is empty" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -67,7 +67,8 @@ def test_cpu_gemv_self_check_refuses_a_build_that_is_slightly_off():
 
 @needs_compiler
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
-@pytest.mark.parametrize(("out", "inner"), [(37, 50), (96, 64), (130, 272), (5, 900)])
+# the last two are large enough to be split over threads (MIN_PARALLEL_BYTES in the C file)
+@pytest.mark.parametrize(("out", "inner"), [(37, 50), (96, 64), (1030, 272), (300, 900)])
 def test_cpu_gemv_products_equal_torch_s_and_do_not_depend_on_threads(rows, out, inner):
     kernel = cpu_gemv.kernel()
     generator = torch.Generator().manual_seed(rows * out)
@@ -76,14 +77,14 @@ def test_cpu_gemv_products_equal_torch_s_and_do_not_depend_on_threads(rows, out,
     bias = torch.randn(out, generator=generator)
     half = torch.randn(out, inner, generator=generator).bfloat16()
     x = torch.randn(rows, inner, generator=generator)
-    threads = torch.get_num_threads()
+    threads = kernel.threads
     try:
-        torch.set_num_threads(1)
+        kernel.threads = 1
         alone = kernel.fp8(x, weight, scale, bias), kernel.bf16(x, half)
-        torch.set_num_threads(3)  # more threads than cores splits the rows unevenly too
+        kernel.threads = 3  # more threads than cores splits the rows unevenly too
         split = kernel.fp8(x, weight, scale, bias), kernel.bf16(x, half)
     finally:
-        torch.set_num_threads(threads)
+        kernel.threads = threads
     assert torch.equal(alone[0], split[0]) and torch.equal(alone[1], split[1])
     exact = weight.float() * scale[:, None]
     assert cpu_gemv.summed_alike(alone[0], F.linear(x, exact, bias), x, exact)  # float32 rounding only

@@ -12,7 +12,7 @@ a registry. What it lacks, with every dependency of those that it lacks too:
   every other machine does;
 - the FP8 oracle: compressed-tensors 0.20.0 (torch >= 2.10), and pydantic, pydantic-core, annotated-types,
   typing-inspection and loguru.
-The versions are the ones this project's environment installs (a test keeps them equal), as CPython 3.12
+The versions are the ones this project's environment has installed, read at fetch time, as CPython 3.12
 manylinux wheels; `--no-deps` everywhere, so nothing the image already has (torch above all) is replaced.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,23 +35,17 @@ PLATFORMS = (
     "manylinux2014_x86_64",
 )
 
-KIT = {  # distribution name -> version
-    "orjson": "3.13.0",
-    "starlette": "1.10.0",
-    "hypercorn": "0.18.0",
-    "h2": "4.4.1",
-    "hpack": "4.2.0",
-    "hyperframe": "6.1.0",
-    "priority": "2.0.0",
-    "wsproto": "1.3.2",
-    "torchao": "0.18.0",
-    "compressed-tensors": "0.20.0",
-    "pydantic": "2.14.4",
-    "pydantic-core": "2.50.5",
-    "annotated-types": "0.8.0",
-    "typing-inspection": "0.4.5",
-    "loguru": "0.7.3",
-}
+KIT = (  # distribution names; each is fetched at the version this environment has installed
+    "orjson", "starlette", "hypercorn", "h2", "hpack", "hyperframe", "priority", "wsproto",
+    "torchao", "compressed-tensors", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+    "loguru",
+)  # fmt: skip
+
+
+def kit_versions() -> dict[str, str]:
+    """Each kit package at the version installed here: transitive ones (loguru, pydantic) are not pinned by
+    pyproject.toml and move with the registry, so a table of versions would drift from what runs here."""
+    return {name: metadata.version(name) for name in KIT}
 
 
 def fetch_command(destination: Path) -> list[str]:
@@ -58,7 +53,7 @@ def fetch_command(destination: Path) -> list[str]:
     return [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
         "--python-version", PYTHON_VERSION, "--implementation", "cp", *platforms, "--dest", str(destination),
-        *(f"{name}=={version}" for name, version in KIT.items()),
+        *(f"{name}=={version}" for name, version in kit_versions().items()),
     ]  # fmt: skip
 
 

@@ -81,15 +81,33 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def served_weight_bytes(loaded, dtype: torch.dtype, device: str) -> int:
     """`weight_bytes` of a loaded checkpoint (engine/model/loader.py's LoadedModel) as the eager engine on
-    `device` reads them per step. On the CPU it dequantizes each FP8 linear once at load into a plain weight
-    (engine/model/cpu_linears.py: `dtype` for weight-only, float32 for dynamic), so a step there reads those
-    bytes, not the checkpoint's one byte a weight; a GPU reads the fp8 bytes."""
+    `device` reads them per step (engine/model/cpu_linears.py). On the CPU in float32 an FP8 weight-only
+    export keeps its one byte a weight where the CPU kernel builds, and its LM head is read as the export
+    stored it (bf16: half the float32 the loader made of it); otherwise the CPU dequantizes each FP8 linear
+    once at load into a plain weight (`dtype` for weight-only, float32 for dynamic). A GPU reads the fp8
+    bytes."""
     counted = weight_bytes(loaded.model)
     if torch.device(device).type != "cpu" or loaded.quantization == "none":
         return counted
+    if loaded.quantization == "fp8-weight-only" and dtype == torch.float32:
+        from engine.model import cpu_gemv
+
+        if cpu_gemv.available()[0] is not None:
+            head = loaded.model.lm_head.weight
+            narrow = torch.equal(head.to(torch.bfloat16).to(head.dtype), head)
+            return counted - head.numel() * (head.element_size() - 2) * narrow
     served = torch.float32 if loaded.quantization == "fp8-dynamic" else dtype
     fp8 = [p for p in loaded.model.parameters() if p.dtype == torch.float8_e4m3fn]
     return counted + sum(p.numel() for p in fp8) * (served.itemsize - 1)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def kv_bytes_per_position(config, element_size: int) -> int:

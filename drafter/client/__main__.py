@@ -2,9 +2,12 @@
 then through a drafter server (drafter/integrations/transformers_generate.py), and we print both speeds, the tokens each round
 kept, and whether the outputs matched (they must: speculation is lossless).
 
+    python -m drafter.client --url http://127.0.0.1:8000 --target DIR --prompt "Write quicksort." --chat
     python -m drafter.client --url http://127.0.0.1:8000 --target DIR|tiny [--prompt-tokens 1 2 3 ...]
 
-Without --prompt-tokens the prompt is 64 seeded random ids. Exit 0 if the outputs matched, 1 if not, 2 on
+`--prompt` is tokenized with the target's tokenizer (`--chat`: under its chat template, the assistant's turn
+open) and the answer is printed as text; without a prompt it is 64 seeded random ids. Decoding stops at the
+target's end-of-sequence tokens or --max-new-tokens. Exit 0 if the outputs matched, 1 if not, 2 on
 bad input or a server that cannot be used (one line on stderr). This module imports torch; the client
 package it lives in does not.
 """
@@ -47,7 +50,10 @@ def parse_args(argv):
     )
     parser.add_argument("--url", required=True, help="base URL of a running drafter server")
     parser.add_argument("--target", required=True, help="HF checkpoint directory of the target, or a preset")
-    parser.add_argument("--prompt-tokens", type=token_id, nargs="+", help="the prompt's token ids")
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="the prompt as text, tokenized with the target's tokenizer")
+    prompt.add_argument("--prompt-tokens", type=token_id, nargs="+", help="the prompt's token ids")
+    parser.add_argument("--chat", action="store_true", help="--prompt under the target's chat template")
     parser.add_argument("--max-new-tokens", type=positive, default=64)
     parser.add_argument("--num-draft-tokens", type=positive, default=8)
     parser.add_argument(
@@ -60,6 +66,8 @@ def parse_args(argv):
     parser.add_argument("--timeout-s", type=float, default=5.0, help="per draft call [5]")
     parser.add_argument("--api-key", help="bearer token for the server [DRAFTER_API_KEY]")
     args = parser.parse_args(argv)
+    if args.chat and args.prompt is None:
+        parser.error("--chat applies the chat template to --prompt; give --prompt TEXT")
     args.api_key = args.api_key or os.environ.get("DRAFTER_API_KEY")
     return args
 
@@ -79,11 +87,20 @@ def run(args, client: DraftClient) -> bool:
     # must share the drafter's vocabulary (checked once it is loaded).
     info = check_server(client)
     vocab_size = info["vocab_size"]
-    prompt = args.prompt_tokens or random.Random(RANDOM_PROMPT_SEED).choices(
-        range(vocab_size), k=RANDOM_PROMPT_LEN
-    )
+    tokenizer = target_tokenizer(args.target, args.chat) if args.prompt is not None else None
+    if tokenizer is not None:
+        prompt = prompt_ids(tokenizer, args.prompt, args.chat)
+    else:
+        prompt = args.prompt_tokens or random.Random(RANDOM_PROMPT_SEED).choices(
+            range(vocab_size), k=RANDOM_PROMPT_LEN
+        )
     if max(prompt) >= vocab_size:
-        raise CliError(f"--prompt-tokens: every id must be below the drafter's vocabulary size {vocab_size}")
+        what = (
+            "--prompt-tokens: every id"
+            if tokenizer is None
+            else "--prompt: the target's tokenizer gave ids that"
+        )
+        raise CliError(f"{what} must be below the drafter's vocabulary size {vocab_size}")
 
     import torch
 
@@ -101,6 +118,7 @@ def run(args, client: DraftClient) -> bool:
             f"the drafter's vocabulary ({vocab_size}) is not the target's ({model.config.vocab_size})"
         )
 
+    plain_greedy(model, tokenizer)
     ids = torch.tensor([prompt], device=device)
     common = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=args.max_new_tokens)
     stats = SpeculationStats(args.num_draft_tokens)
@@ -120,6 +138,9 @@ def run(args, client: DraftClient) -> bool:
     spec = model.generate(ids, **common, **speculative, speculation_stats=stats)[0, len(prompt) :].tolist()
     spec_s = time.perf_counter() - started
 
+    if tokenizer is not None:
+        print(tokenizer.decode(spec, skip_special_tokens=True).strip())
+        print("---")
     print(f"target alone: {len(alone)} tokens in {alone_s:.3f} s, {len(alone) / alone_s:.1f} tokens/s")
     print(
         f"speculative:  {len(spec)} tokens in {spec_s:.3f} s, {len(spec) / spec_s:.1f} tokens/s "
@@ -134,6 +155,44 @@ def run(args, client: DraftClient) -> bool:
     matched = spec == alone
     print("output matched: yes" if matched else "output matched: NO")
     return matched
+
+
+def plain_greedy(model, tokenizer) -> None:
+    """Greedy as the drafter drafts: a checkpoint's sampling defaults (temperature, top-p, a repetition
+    penalty) set aside, and the tokenizer's end of sequence (a chat turn's end) stopping it too."""
+    config = model.generation_config
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+        setattr(config, name, None)
+    eos = config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    config.eos_token_id = eos or None
+
+
+def target_tokenizer(target: str, chat: bool):
+    """The target directory's tokenizer (with a chat template if `chat`), or CliError saying what is missing."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    except (OSError, ValueError):
+        raise CliError(
+            f"--prompt needs the target's tokenizer, and {target!r} has none: give --prompt-tokens instead"
+        ) from None
+    if chat and not tokenizer.chat_template:
+        raise CliError(f"--chat: the tokenizer in {target!r} has no chat template")
+    return tokenizer
+
+
+def prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
+    if not text.strip():
+        raise CliError("--prompt is empty")
+    if chat:
+        messages = [{"role": "user", "content": text}]
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return tokenizer(text)["input_ids"]
 
 
 def kept_every_draft(stats) -> bool:

@@ -157,6 +157,10 @@ ROWS_OF(bf16_row, uint16_t)
 
 // Output rows are split into contiguous ranges, one per thread: each thread streams its own weights.
 // Threads come from OpenMP, the runtime torch's CPU build runs its own ops on (one pool, not two).
+// Below this many weight bytes a product runs on one thread: waking others costs more than it saves.
+#define MIN_PARALLEL_BYTES (256 * 1024)
+static int team(int64_t weight_bytes, int threads) { return weight_bytes < MIN_PARALLEL_BYTES ? 1 : threads; }
+
 static int64_t chunk_start(int64_t out, int thread, int threads) {
     int64_t per = (out + threads - 1) / threads;
     per = (per + 15) / 16 * 16;  // whole cache lines of y
@@ -170,7 +174,7 @@ void drafter_fp8_gemv(const float *x, int64_t rows, int64_t in, const uint8_t *w
         int64_t n = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
         const float *xr = x + r0 * in;
         float *yr = y + r0 * out;
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(team(out * in, threads))
         {
 #ifdef _OPENMP
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -192,7 +196,7 @@ void drafter_bf16_gemv(const float *x, int64_t rows, int64_t in, const uint16_t 
                        int threads) {
     for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
         int64_t n = rows - r0 < MAX_ROWS ? rows - r0 : MAX_ROWS;
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(team(out * in * 2, threads))
         {
 #ifdef _OPENMP
             int t = omp_get_thread_num(), nt = omp_get_num_threads();

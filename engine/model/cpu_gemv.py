@@ -50,6 +50,12 @@ class Kernel:
         library.drafter_fp8_gemv.argtypes += [pointer, ctypes.c_int]
         library.drafter_bf16_gemv.argtypes = [pointer, count, count, pointer, count, pointer, ctypes.c_int]
         self.library = library
+        # Every core this process may run on: a draft is what the target waits for, so it takes them all
+        # (torch's own small ops keep --num-threads). Idle between calls, the threads sleep after a short
+        # spin, so they take nothing from a target verifying on the same cores.
+        self.threads = (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
 
     def fp8(
         self,
@@ -62,7 +68,7 @@ class Kernel:
         y = torch.empty(rows, out, dtype=torch.float32)
         self.library.drafter_fp8_gemv(
             x.data_ptr(), rows, inner, weight.data_ptr(), out, scale.data_ptr(), int(scale.numel() > 1),
-            None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads(),
+            None if bias is None else bias.data_ptr(), y.data_ptr(), self.threads,
         )  # fmt: skip
         return y
 
@@ -74,7 +80,7 @@ class Kernel:
         rows, (out, inner) = x.shape[0], weight.shape
         y = torch.empty(rows, out, dtype=torch.float32)
         self.library.drafter_bf16_gemv(
-            x.data_ptr(), rows, inner, weight.data_ptr(), out, y.data_ptr(), torch.get_num_threads()
+            x.data_ptr(), rows, inner, weight.data_ptr(), out, y.data_ptr(), self.threads
         )
         return y
 

@@ -20,10 +20,12 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 
 from drafter.client import DraftClient, DraftRequestError, TransportError
 
 RANDOM_PROMPT_LEN, RANDOM_PROMPT_SEED = 64, 0
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # transformers imports torchao, whose CPU-only import chatter is not the user's concern.
 NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
 
@@ -174,12 +176,15 @@ def target_tokenizer(target: str, chat: bool):
     """The target directory's tokenizer (with a chat template if `chat`), or CliError saying what is missing."""
     from transformers import AutoTokenizer
 
+    missing = CliError(
+        f"--prompt needs the target's tokenizer, and {target!r} has none: give --prompt-tokens"
+    )
+    if not any((Path(target) / name).is_file() for name in TOKENIZER_FILES):
+        raise missing
     try:
         tokenizer = AutoTokenizer.from_pretrained(target)
     except (OSError, ValueError):
-        raise CliError(
-            f"--prompt needs the target's tokenizer, and {target!r} has none: give --prompt-tokens instead"
-        ) from None
+        raise missing from None
     if chat and not tokenizer.chat_template:
         raise CliError(f"--chat: the tokenizer in {target!r} has no chat template")
     return tokenizer
@@ -190,9 +195,11 @@ def prompt_ids(tokenizer, text: str, chat: bool) -> list[int]:
         raise CliError("--prompt is empty")
     if chat:
         messages = [{"role": "user", "content": text}]
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=not chat)["input_ids"]
+    if not ids:
+        raise CliError("--prompt: the target's tokenizer made no tokens of it")
+    return ids
 
 
 def kept_every_draft(stats) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.model.cpu_linears import kernel_isa
+from engine.model.cpu_fp8 import kernel_isa
 
 
 def describe_cache(engine) -> dict:

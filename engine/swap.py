@@ -19,7 +19,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from engine.model.cpu_linears import CpuDynamicFP8Linear, CpuFP8Linear, CpuLinear
+from engine.model.cpu_fp8 import CpuFP8Linear
+from engine.model.cpu_linears import CpuDynamicFP8Linear, CpuLinear
 from engine.model.fp8 import dequantize
 from engine.model.loader import LoadedModel, build_empty, check_and_cast
 

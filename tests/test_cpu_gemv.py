@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model import cpu_gemv
-from engine.model.cpu_linears import CpuBf16Head, CpuFP8Linear, CpuLinear, use_cpu_linears
+from engine.model.cpu_fp8 import CpuBf16Head, CpuFP8Linear
+from engine.model.cpu_linears import CpuLinear, use_cpu_linears
 from engine.model.loader import load_model
 from tests.oracle import hf_greedy
 

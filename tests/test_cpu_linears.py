@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.model import cpu_gemv
+from engine.model.cpu_fp8 import MAX_KERNEL_ROWS, CpuFP8Linear
 from engine.model.cpu_linears import (
-    MAX_KERNEL_ROWS,
     CpuDynamicFP8Linear,
-    CpuFP8Linear,
     CpuLinear,
     bf16_packing_supported,
     fp32_lm_head_kind,

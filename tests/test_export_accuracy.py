@@ -10,7 +10,7 @@ import torch
 
 from engine.engine import Engine
 from engine.model.config import ARCHITECTURES
-from engine.model.cpu_linears import CpuBf16Head, CpuFP8Linear
+from engine.model.cpu_fp8 import CpuBf16Head, CpuFP8Linear
 from engine.model.loader import load_model
 from export.__main__ import run_export
 from tests.export_helpers import ENGINE, EXPORTS, MODES, WEIGHT_SCALES, export_fixture, linear_names

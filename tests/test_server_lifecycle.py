@@ -52,6 +52,29 @@ def test_not_ready_while_loading_then_sigterm_exits_cleanly():
         server.close()
 
 
+def test_readiness_never_contradicts_itself_while_starting():
+    """Polled from the moment the port opens, /health/ready's stage is "ready" exactly when it answers 200,
+    and /draft's 503 names the same stage: it once said {"ready": false, "stage": "ready"} for hundreds of
+    polls while the server built its batcher after the engine was warm."""
+    server = ServerProcess(["--max-seq-len=256", "--max-batch-size=1"])
+    try:
+        url = server.wait_for_port()
+        stages = []
+        with httpx.Client() as client:
+            for _ in range(5000):
+                ready = client.get(f"{url}/health/ready")
+                body = ready.json()
+                stages.append(body["stage"])
+                assert (ready.status_code == 200) == body["ready"] == (body["stage"] == "ready"), body
+                if body["ready"]:
+                    break
+            else:
+                raise AssertionError(f"not ready after 5000 polls: {stages[-3:]}")
+        assert stages[0] != "ready", "the first poll came too late to see the start"
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="module")
 def slow_server():
     server = ServerProcess(SLOW_BATCH_ARGS)

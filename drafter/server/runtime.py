@@ -34,6 +34,7 @@ from engine.engine import Engine
 from engine.lifecycle import Lifecycle, State
 
 log = logging.getLogger(__name__)
+STARTING = "starting"  # the stage between a warm engine and a server that serves it
 # Between two indexing slices (~0.1 ms each) while a batch is on the engine thread: indexing then takes at
 # most ~10% of the GIL, and a burst of new conversations is indexed over a few seconds instead of stalling it.
 INDEX_PAUSE_BUSY_S = 0.001
@@ -73,7 +74,13 @@ class Runtime:
     def stage(self) -> str:
         if self.lifecycle.state is State.FAILED:
             return State.FAILED.value
-        return "draining" if self.draining else self.lifecycle.state.value
+        if self.draining:
+            return "draining"
+        if self.lifecycle.state is State.READY and self.batcher is None:
+            # The engine is warm; the server still measures its costs and builds its batcher. Never
+            # "ready" while readiness says no.
+            return STARTING
+        return self.lifecycle.state.value
 
     @property
     def alive(self) -> bool:

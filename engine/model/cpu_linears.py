@@ -20,11 +20,9 @@ on Intel CPUs and oneDNN on others, the decoder's linears staying MKL's `F.linea
 copy is extra memory (the tied embedding keeps its plain table for row lookups: +311 MB on bench-cpu in
 fp32, +622 MB on Qwen3-0.6B); each step still reads every weight byte once.
 
-- FP8 weight-only checkpoints, float32 compute: each linear keeps its one-byte weights and scale, and a
-  decode step's rows go through engine/model/cpu_gemv.py's kernel, which widens the weights in registers as
-  they stream in; the tied LM head reads the embedding table as stored (bf16, held so when that loses
-  nothing) through the same kernel. Prefill's many rows dequantize the weight for one matmul instead.
-  Where the kernel cannot be built (no compiler, no AVX2), and in bf16, the weight is dequantized once,
+- FP8 weight-only checkpoints, float32 compute: each linear keeps its one-byte weights and scale, read
+  through engine/model/cpu_gemv.py's kernel, and the LM head the bf16 the export stored
+  (engine/model/cpu_fp8.py). Where the kernel cannot be built (no compiler, no AVX2), and in bf16, the weight is dequantized once,
   here, exactly as `FP8Linear.forward` does on every call (fp8 → fp32 × scale → compute dtype), then
   treated as above: the CPU has no fp8 product in torch that beats that (upcasting each weight on every
   call made FP8 4.5x slower than bf16);
@@ -39,19 +37,14 @@ input, and compiled CPU code is no faster here (bench/README.md).
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.model import cpu_gemv
-from engine.model.fp8 import FP8DynamicLinear, FP8Linear, dequantize, quantize_per_row
-
-log = logging.getLogger(__name__)
-# Up to this many rows a product streams the stored weights through the kernel, a pass per 8 rows; a prefill
-# chunk of more multiplies once by a float32 copy of the weight made for it.
-MAX_KERNEL_ROWS = 32
+from engine.model.cpu_fp8 import CpuBf16Head, CpuFP8Linear, hold_embedding_as_bf16
+from engine.model.fp8 import FP8DynamicLinear, FP8Linear, quantize_per_row
 
 
 class CpuLinear(nn.Module):
@@ -131,65 +124,6 @@ class CpuDynamicFP8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-class CpuFP8Linear(nn.Module):
-    """`FP8Linear`'s product (fp8 weight × its float32 scale, per tensor or per output row) in float32, with the
-    weight held as its fp8 bytes: decode rows through the kernel, prefill chunks through a transient copy."""
-
-    def __init__(self, linear: FP8Linear, kernel: cpu_gemv.Kernel):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.kernel = kernel
-        self.load(linear.weight.detach(), linear.weight_scale.detach(), linear.bias)
-
-    def load(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.install(self.pack(weight, weight_scale, bias))
-
-    def pack(
-        self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
-    ) -> dict[str, torch.Tensor | None]:
-        """What `forward` reads, made aside (at construction and on a swap, as CpuLinear's)."""
-        # Copies: a checkpoint's tensors are views of its memory-mapped file, which stays mapped (and
-        # resident: every page the loader read, 0.5 GB on the real 0.5B drafter) while one view lives.
-        return {
-            "weight_": weight.clone(memory_format=torch.contiguous_format),  # [out, in] float8_e4m3fn
-            "weight_scale": weight_scale.reshape(-1).to(torch.float32, copy=True),  # [1] or [out]
-            "bias": None if bias is None else bias.detach().to(torch.float32).contiguous(),
-        }
-
-    install = CpuLinear.install
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] float32 -> [..., out]
-        rows = x.reshape(-1, self.in_features).contiguous()
-        if rows.shape[0] <= MAX_KERNEL_ROWS:
-            out = self.kernel.fp8(rows, self.weight_, self.weight_scale, self.bias)
-        else:
-            weight = dequantize(self.weight_, self.weight_scale.reshape(-1, 1), torch.float32)
-            out = F.linear(rows, weight, self.bias)
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel.isa}"
-
-
-class CpuBf16Head(nn.Module):
-    """A float32 product with a bf16 weight read as stored, no float32 copy: the LM head over the embedding
-    table. Rows are few (the positions that need a distribution), so they all go through the kernel."""
-
-    def __init__(self, weight: torch.Tensor, kernel: cpu_gemv.Kernel):
-        super().__init__()
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        # [out, in] bfloat16, the embedding's own table when tied; a swap copies new values into it.
-        self.weight = weight
-        self.kernel = kernel
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] float32 -> [..., out]
-        out = self.kernel.bf16(x.reshape(-1, self.in_features).contiguous(), self.weight)
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel.isa}"
-
-
 def bf16_packing_supported() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
@@ -249,27 +183,3 @@ def use_cpu_linears(model: nn.Module, dtype: torch.dtype) -> tuple[int, str | No
             setattr(parent, name, CpuLinear(weight.to(dtype), bias, kind))
             packed += kind != "plain"
     return packed, why_not
-
-
-def kernel_isa(model: nn.Module) -> str | None:
-    """The instruction set of the CPU kernel `model`'s linears read their stored weights with, if any."""
-    return next((m.kernel.isa for m in model.modules() if isinstance(m, CpuFP8Linear | CpuBf16Head)), None)
-
-
-def hold_embedding_as_bf16(model: nn.Module) -> None:
-    """An FP8 export stores its embedding (and LM head) in bf16; the loader widened them to float32. Held in
-    bf16 again where that loses nothing, they are half the bytes a step's LM head reads (the model widens
-    the rows it looks up)."""
-    body = getattr(model, "model", None)
-    if not isinstance(getattr(body, "embed_tokens", None), nn.Embedding):
-        return  # not our Qwen3 (a stack of linears under test)
-    tied = model.config.tie_word_embeddings
-    for module in (model.model.embed_tokens,) if tied else (model.model.embed_tokens, model.lm_head):
-        weight = module.weight.detach()
-        if weight.dtype != torch.float32:
-            continue
-        narrow = weight.to(torch.bfloat16)
-        if torch.equal(narrow.to(torch.float32), weight):
-            module.weight = nn.Parameter(narrow, requires_grad=False)
-    if tied:
-        model.lm_head.weight = model.model.embed_tokens.weight

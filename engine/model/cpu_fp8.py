@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model import cpu_gemv
-from engine.model.fp8 import FP8Linear, dequantize
+from engine.model.fp8 import FP8Linear
 
 # Up to this many rows a product streams the stored weights through the kernel, a pass per 8 rows; a prefill
 # chunk of more multiplies once by a float32 copy of the weight made for it.
@@ -55,8 +55,7 @@ class CpuFP8Linear(nn.Module):
         if rows.shape[0] <= MAX_KERNEL_ROWS:
             out = self.kernel.fp8(rows, self.weight_, self.weight_scale, self.bias)
         else:
-            weight = dequantize(self.weight_, self.weight_scale.reshape(-1, 1), torch.float32)
-            out = F.linear(rows, weight, self.bias)
+            out = F.linear(rows, self.kernel.dequantize(self.weight_, self.weight_scale), self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

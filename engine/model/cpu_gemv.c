@@ -52,6 +52,9 @@ static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 static inline vec _add(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vset1(float a) { return _mm512_set1_ps(a); }
+static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
 static inline vec load_fp8(const uint8_t *p) {  // 16 weights, each times 2^-8
     __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
     h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
@@ -68,6 +71,9 @@ static inline vec vzero(void) { return _mm256_setzero_ps(); }
 static inline vec vload(const float *p) { return _mm256_loadu_ps(p); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec _add(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vset1(float a) { return _mm256_set1_ps(a); }
+static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
 static inline float vsum(vec a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -189,6 +195,23 @@ void drafter_fp8_gemv(const float *x, int64_t rows, int64_t in, const uint8_t *w
                     yr[r * out + o] = bias ? v + bias[o] : v;
                 }
         }
+    }
+}
+
+// The float32 weight itself, exactly torch's fp8 -> float32 x scale (w / 2^8 and scale x 2^8 are exact, so
+// their product rounds as w x scale does): for a prefill chunk's matmul, many rows at once.
+void drafter_fp8_dequantize(const uint8_t *w, int64_t out, int64_t in, const float *scale, int64_t per_channel,
+                            float *dst, int threads) {
+#pragma omp parallel for num_threads(team(out * in, threads)) schedule(static)
+    for (int64_t o = 0; o < out; o++) {
+        const float s = scale[per_channel ? o : 0] / FP8_UNIT;
+        const uint8_t *row = w + o * in;
+        float *to = dst + o * in;
+        int64_t i = 0;
+#ifdef LANES
+        for (; i + LANES <= in; i += LANES) vstore(to + i, vmul(load_fp8(row + i), vset1(s)));
+#endif
+        for (; i < in; i++) to[i] = fp8_to_float(row[i]) * FP8_UNIT * s;
     }
 }
 

@@ -49,6 +49,15 @@ class Kernel:
         library.drafter_fp8_gemv.argtypes = [pointer, count, count, pointer, count, pointer, count, pointer]
         library.drafter_fp8_gemv.argtypes += [pointer, ctypes.c_int]
         library.drafter_bf16_gemv.argtypes = [pointer, count, count, pointer, count, pointer, ctypes.c_int]
+        library.drafter_fp8_dequantize.argtypes = [
+            pointer,
+            count,
+            count,
+            pointer,
+            count,
+            pointer,
+            ctypes.c_int,
+        ]
         self.library = library
         # Every core this process may run on: a draft is what the target waits for, so it takes them all
         # (torch's own small ops keep --num-threads). Idle between calls, the threads sleep after a short
@@ -71,6 +80,24 @@ class Kernel:
             None if bias is None else bias.data_ptr(), y.data_ptr(), self.threads,
         )  # fmt: skip
         return y
+
+    def dequantize(
+        self,
+        weight: torch.Tensor,  # [out, in] float8_e4m3fn, contiguous
+        scale: torch.Tensor,  # [1] or [out] float32, contiguous
+    ) -> torch.Tensor:  # [out, in] float32: exactly engine.model.fp8.dequantize's
+        out, inner = weight.shape
+        dense = torch.empty(out, inner, dtype=torch.float32)
+        self.library.drafter_fp8_dequantize(
+            weight.data_ptr(),
+            out,
+            inner,
+            scale.data_ptr(),
+            int(scale.numel() > 1),
+            dense.data_ptr(),
+            self.threads,
+        )
+        return dense
 
     def bf16(
         self,
@@ -174,6 +201,8 @@ def self_check(compiled: Kernel) -> None:
             got = compiled.fp8(x, weight.contiguous(), scale, bias)
             if not summed_alike(got, F.linear(x, exact, bias), x, exact):
                 raise KernelUnavailable(f"the {compiled.isa} build's fp8 product differs from torch's")
+            if not torch.equal(compiled.dequantize(weight.contiguous(), scale), exact):
+                raise KernelUnavailable(f"the {compiled.isa} build dequantizes fp8 otherwise than torch")
         half = torch.randn(out, inner, generator=generator).bfloat16()
         if not summed_alike(compiled.bf16(x, half), x @ half.float().T, x, half.float()):
             raise KernelUnavailable(f"the {compiled.isa} build's bf16 product differs from torch's")

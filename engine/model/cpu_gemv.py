@@ -5,7 +5,8 @@ weights at memory speed (a compiled dequantize-and-reduce reached 24-30% of the 
 1%; bench/README.md), so cpu_gemv.c does it: the weights are widened in registers as they stream in, each
 thread streaming its own block of output rows, on the OpenMP runtime torch's own CPU ops run on.
 
-The C file is compiled on first use, with `-march=native`, by the machine's C compiler (`$CC`, else `cc`),
+The C file is compiled on first use, with `-march=native`, by the machine's C compiler (`$CC`, else `cc` or
+`gcc`),
 into a cache keyed by the source, the compiler and the CPU (`$DRAFTER_KERNEL_CACHE`, else
 `~/.cache/drafter/kernels`), and checked against torch on every fp8 byte before it serves. Where it cannot
 be built or checked, or the CPU has neither AVX2 with F16C nor AVX-512, `kernel()` raises
@@ -136,7 +137,7 @@ def available() -> tuple[Kernel | None, str | None]:
 
 def build() -> Path:
     """The shared library for this source, compiler and CPU: compiled into the cache unless it is there."""
-    compiler = os.environ.get("CC") or "cc"
+    compiler = os.environ.get("CC") or next((c for c in ("cc", "gcc") if shutil.which(c)), "cc")
     if shutil.which(compiler) is None:
         raise KernelUnavailable(f"no C compiler ({compiler!r} is not on PATH; install gcc, or set $CC)")
     source = SOURCE.read_bytes()

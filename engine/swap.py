@@ -19,8 +19,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from engine.model.cpu_fp8 import CpuFP8Linear
-from engine.model.cpu_linears import CpuDynamicFP8Linear, CpuLinear
+from engine.model.cpu_fp8 import PackedFP8Linear
+from engine.model.cpu_linears import CpuLinear
 from engine.model.fp8 import dequantize
 from engine.model.loader import LoadedModel, build_empty, check_and_cast
 
@@ -93,7 +93,7 @@ class WeightSwap:
 
     def prepare(self, module: nn.Module, values: dict[str, torch.Tensor]) -> None:
         """One module's new tensors (`weight`, `weight_scale`, `bias`, ... as the checkpoint names them)."""
-        if isinstance(module, CpuDynamicFP8Linear | CpuFP8Linear):
+        if isinstance(module, PackedFP8Linear):  # FP8 bytes read in place, or dynamic FP8's fp32 values
             self.installs.append(
                 (module, module.pack(values["weight"], values["weight_scale"], values.get("bias")))
             )

@@ -21,14 +21,13 @@ from engine.model.fp8 import FP8Linear
 MAX_KERNEL_ROWS = 32
 
 
-class CpuFP8Linear(nn.Module):
-    """`FP8Linear`'s product (fp8 weight × its float32 scale, per tensor or per output row) in float32, with the
-    weight held as its fp8 bytes: decode rows through the kernel, prefill chunks through a transient copy."""
+class PackedFP8Linear(nn.Module):
+    """A CPU linear made from an FP8 module's weight, scale and bias by `pack`: at construction, and when the
+    engine swaps its weights (engine/swap.py packs the new ones aside, then `install`s them)."""
 
-    def __init__(self, linear: FP8Linear, kernel: cpu_gemv.Kernel):
+    def __init__(self, linear: FP8Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.kernel = kernel
         self.load(linear.weight.detach(), linear.weight_scale.detach(), linear.bias)
 
     def load(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -37,7 +36,24 @@ class CpuFP8Linear(nn.Module):
     def pack(
         self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
     ) -> dict[str, torch.Tensor | None]:
-        """What `forward` reads, made aside (at construction and on a swap, as CpuLinear's)."""
+        raise NotImplementedError
+
+    def install(self, attributes: dict[str, torch.Tensor | None]) -> None:
+        for name, value in attributes.items():
+            setattr(self, name, value)
+
+
+class CpuFP8Linear(PackedFP8Linear):
+    """`FP8Linear`'s product (fp8 weight × its float32 scale, per tensor or per output row) in float32, with the
+    weight held as its fp8 bytes: decode rows through the kernel, prefill chunks through a transient copy."""
+
+    def __init__(self, linear: FP8Linear, kernel: cpu_gemv.Kernel):
+        super().__init__(linear)
+        self.kernel = kernel
+
+    def pack(
+        self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> dict[str, torch.Tensor | None]:
         # Copies: a checkpoint's tensors are views of its memory-mapped file, which stays mapped (and
         # resident: every page the loader read, 0.5 GB on the real 0.5B drafter) while one view lives.
         return {
@@ -45,10 +61,6 @@ class CpuFP8Linear(nn.Module):
             "weight_scale": weight_scale.reshape(-1).to(torch.float32, copy=True),  # [1] or [out]
             "bias": None if bias is None else bias.detach().to(torch.float32).contiguous(),
         }
-
-    def install(self, attributes: dict[str, torch.Tensor | None]) -> None:
-        for name, value in attributes.items():
-            setattr(self, name, value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] float32 -> [..., out]
         rows = x.reshape(-1, self.in_features).contiguous()

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model import cpu_gemv
-from engine.model.cpu_fp8 import CpuBf16Head, CpuFP8Linear, hold_embedding_as_bf16
+from engine.model.cpu_fp8 import CpuBf16Head, CpuFP8Linear, PackedFP8Linear, hold_embedding_as_bf16
 from engine.model.fp8 import FP8DynamicLinear, FP8Linear, quantize_per_row
 
 
@@ -90,31 +90,20 @@ class CpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}"
 
 
-class CpuDynamicFP8Linear(nn.Module):
+class CpuDynamicFP8Linear(PackedFP8Linear):
     """`FP8DynamicLinear`'s product (engine/model/fp8.py) on the CPU: each row quantized to fp8 with its own
     scale, multiplied by the fp8 weight with fp32 accumulation, then scaled; in fp32 kernels."""
-
-    def __init__(self, linear: FP8DynamicLinear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.load(linear.weight.detach(), linear.weight_scale.detach(), linear.bias)
-
-    def load(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.install(self.pack(weight, weight_scale, bias))
 
     def pack(
         self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
     ) -> dict[str, torch.Tensor | None]:
-        """What `forward` reads for an fp8 `weight` [out, in], its float32 scale and `bias`, made aside (at
-        construction and on a swap, as CpuLinear's)."""
+        """What `forward` reads for an fp8 `weight` [out, in], its float32 scale and `bias`."""
         return {
             "weight_": weight.to(torch.float32),  # fp8 values, exact in fp32
             # [1, 1] per tensor or [1, out] per channel: it scales the columns of y either way
             "weight_scale": weight_scale.reshape(1, -1),
             "bias": None if bias is None else bias.detach(),  # a plain tensor, as CpuLinear's
         }
-
-    install = CpuLinear.install
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_q, x_scale = quantize_per_row(x.reshape(-1, self.in_features))  # [tokens, in], [tokens, 1]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from drafter.adaptation.buffer import Example
-from drafter.adaptation.score import replay, score
+from drafter.adaptation.score import agreed_positions, replay, score
 from tests.oracle import hf_greedy, make_hf_model
 
 
@@ -61,3 +61,20 @@ def test_score_equals_drafting_round_by_round(name, one_thread):
     assert (scored.tokens, scored.rounds) == tuple(map(sum, zip(*expected, strict=True)))
     assert 1.5 < scored.tokens_per_round < 5  # the examples have runs of agreement: the test means something
     assert scored.positions == 20 + 40 + 33 + 50
+
+
+def test_agreement_makes_every_tensor_on_the_scorer_s_device():
+    """A scorer on another device than the CPU (meta here, CUDA on a GPU) is fed its own device's ids: a
+    check on the model's input fails on ids made on the CPU, as they once were (adaptation on CUDA then
+    stopped at its first contest)."""
+    model = make_hf_model("qwen2-gqa2-tied").to("meta")
+    seen = []
+
+    def same_device(module, args, kwargs):
+        seen.append(kwargs["input_ids"].device)
+        assert kwargs["input_ids"].device == model.lm_head.weight.device, "ids made off the model's device"
+
+    model.model.register_forward_pre_hook(same_device, with_kwargs=True)
+    example = Example("s", list(range(1, 30)), 12, 4, False)
+    agreed = agreed_positions(model, example, lambda: False)
+    assert seen == [torch.device("meta")] and agreed.device.type == "meta" and agreed.shape == (17,)

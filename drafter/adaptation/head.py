@@ -61,7 +61,7 @@ def cross_entropy_backward(
     scores = logits(head, hidden.detach(), stop).float()
     with torch.no_grad():
         log_probs = scores.log_softmax(-1)
-        rows = torch.arange(len(targets))
+        rows = torch.arange(len(targets), device=scores.device)
         loss = -log_probs[rows, targets].mean()
         gradient = log_probs.exp_()  # softmax - one-hot, over the mean's count
         gradient[rows, targets] -= 1.0

@@ -63,14 +63,20 @@ def agreement(model, example: Example, stop: Callable[[], bool] = lambda: False)
     true prefix before it is it. The lm_head runs SCORE_CHUNK positions at a time, a slice of the vocabulary
     at a time (drafter/adaptation/head.py), `stop()` asked between (inside `preemptible` its layers ask
     too): Preempted, when it says so."""
-    ids = torch.tensor([example.tokens])
+    return agreed_positions(model, example, stop).tolist()
+
+
+def agreed_positions(model, example: Example, stop: Callable[[], bool]) -> torch.Tensor:
+    """`agreement` as a bool tensor [num_targets] on the model's device, every tensor made there (a scorer
+    on a GPU was once fed CPU ids, and adaptation stopped at its first contest)."""
+    ids = torch.tensor([example.tokens], device=model.lm_head.weight.device)
     targets = ids[0, example.num_context :]
     predicted = []
     with torch.no_grad():
         hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[0, example.num_context - 1 :]
         for start in range(0, len(targets), SCORE_CHUNK):
             predicted.append(logits(model.lm_head, hidden[start : start + SCORE_CHUNK], stop).argmax(-1))
-    return (torch.cat(predicted) == targets).tolist()
+    return torch.cat(predicted) == targets
 
 
 def score(model, examples: Iterable[Example]) -> Score:

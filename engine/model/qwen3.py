@@ -141,7 +141,7 @@ class Qwen3(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [max_positions, head_dim]
         cache,  # k, v: one [pool_len, kv_heads, head_dim] tensor per layer each (engine/cache/pool.py)
     ) -> torch.Tensor:  # [B, S, hidden]
-        # The table may be held narrower than the compute dtype (engine/model/cpu_linears.py): rows widen.
+        # The table may be held narrower than the compute dtype (engine/model/cpu_fp8.py): rows widen.
         x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)
         cos = rope[0][positions].unsqueeze(2).to(x.dtype)
         sin = rope[1][positions].unsqueeze(2).to(x.dtype)
